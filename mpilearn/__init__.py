@@ -1,0 +1,36 @@
+"""mpilearn: MPI data-parallel training and hyperparameter search for HPC.
+
+``import mpilearn.torch as hvd`` gives the Horovod-shaped API; ``python -m mpilearn.train``
+runs a training job. MPI is initialised by ``init()``, never on import.
+"""
+__version__ = "0.1.0"
+
+
+def init(comm=None):
+    from .comm import init as _init
+
+    return _init(comm)
+
+
+def rank() -> int:
+    from .comm import context
+
+    return context().rank
+
+
+def size() -> int:
+    from .comm import context
+
+    return context().size
+
+
+def local_rank() -> int:
+    from .comm import context
+
+    return context().local_rank
+
+
+def local_size() -> int:
+    from .comm import context
+
+    return context().local_size

@@ -1,0 +1,58 @@
+"""torch.distributed transport: gloo on CPU, NCCL on GPU.
+
+The rendezvous goes through MPI (rank 0 opens a TCPStore on a free port and broadcasts the
+address), so no extra launcher or MASTER_ADDR is needed, and each communicator gets its own
+process group: HPO blocks do not share the default group.
+"""
+from __future__ import annotations
+
+import datetime
+import socket
+
+import torch
+import torch.distributed as dist
+
+_TIMEOUT = datetime.timedelta(minutes=30)
+
+
+def _address() -> str:
+    host = socket.gethostname()
+    try:
+        return socket.gethostbyname(host)
+    except OSError:
+        return "127.0.0.1"
+
+
+class TorchDistBackend:
+    name = "torch"
+
+    def __init__(self, comm, device: str = "cpu"):
+        rank, size = comm.Get_rank(), comm.Get_size()
+        store = None
+        if rank == 0:
+            store = dist.TCPStore(_address(), 0, size, True, timeout=_TIMEOUT,
+                                  wait_for_workers=False)
+            where = (_address(), store.port)
+        else:
+            where = None
+        host, port = comm.bcast(where, root=0)
+        if store is None:
+            store = dist.TCPStore(host, port, size, False, timeout=_TIMEOUT)
+        self._store = store
+        if device.startswith("cuda"):
+            self.pg = dist.ProcessGroupNCCL(store, rank, size)
+        else:
+            self.pg = dist.ProcessGroupGloo(store, rank, size, _TIMEOUT)
+
+    def allreduce_async(self, buf: torch.Tensor):
+        work = buf if buf.dtype in (torch.float32, torch.float64) or buf.is_cuda else buf.float()
+        return self.pg.allreduce([work]), buf, work
+
+    def wait(self, handle) -> None:
+        job, buf, work = handle
+        job.wait()
+        if work is not buf:
+            buf.copy_(work)
+
+    def progress(self, handles) -> None:
+        pass  # gloo and NCCL progress on their own threads

@@ -1,0 +1,187 @@
+"""Ranks, node-local ranks, device binding and abort-on-error.
+
+Nothing here assumes it owns ``COMM_WORLD``: every function takes the communicator it should
+use, so the same code runs alone, under ``mpirun``/``srun`` and inside an HPO block.
+MPI is initialised by :func:`init`, never on import.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import traceback
+from dataclasses import dataclass
+from typing import Any, Optional
+
+
+class UsageError(Exception):
+    """Bad input from the user: reported once by rank 0, exit status 2."""
+
+
+@dataclass
+class Context:
+    """Where this process sits: its communicator and its node-local placement."""
+
+    comm: Any
+    local_comm: Any
+    device: str = "cpu"
+
+    @property
+    def rank(self) -> int:
+        return self.comm.Get_rank()
+
+    @property
+    def size(self) -> int:
+        return self.comm.Get_size()
+
+    @property
+    def local_rank(self) -> int:
+        return self.local_comm.Get_rank()
+
+    @property
+    def local_size(self) -> int:
+        return self.local_comm.Get_size()
+
+    def sub(self, color: int, key: Optional[int] = None) -> "Context":
+        """A context on a sub-communicator (HPO blocks, folds)."""
+        comm = self.comm.Split(color, self.rank if key is None else key)
+        return make_context(comm, self.device)
+
+
+_CONTEXT: Optional[Context] = None
+_HOOK_INSTALLED = False
+
+
+def mpi():
+    """The mpi4py ``MPI`` module, initialised on first use (not on import of mpilearn)."""
+    from mpi4py import MPI
+
+    return MPI
+
+
+def make_context(comm, device: str = "cpu") -> Context:
+    """Context for ``comm``; the node-local communicator is a shared-memory split of it."""
+    MPI = mpi()
+    local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
+    return Context(comm=comm, local_comm=local, device=device)
+
+
+def init(comm=None) -> Context:
+    """Initialise MPI (works with no launcher: size 1) and install the abort-on-error hook."""
+    global _CONTEXT
+    if _CONTEXT is not None and (comm is None or comm is _CONTEXT.comm):
+        return _CONTEXT
+    MPI = mpi()
+    _CONTEXT = make_context(comm if comm is not None else MPI.COMM_WORLD)
+    install_abort_hook(_CONTEXT.comm)
+    return _CONTEXT
+
+
+def context() -> Context:
+    if _CONTEXT is None:
+        raise RuntimeError("mpilearn.init() has not been called")
+    return _CONTEXT
+
+
+def install_abort_hook(comm) -> None:
+    """An uncaught exception on any rank prints ``rank R: <traceback>`` and aborts the job.
+
+    Without this, the other ranks would wait forever in their next collective.
+    """
+    global _HOOK_INSTALLED
+    if _HOOK_INSTALLED:
+        return
+    _HOOK_INSTALLED = True
+    world = mpi().COMM_WORLD
+    rank = world.Get_rank()
+
+    def report_and_abort(exc_type, exc, tb):
+        if issubclass(exc_type, (SystemExit, KeyboardInterrupt)) and world.Get_size() == 1:
+            return sys.__excepthook__(exc_type, exc, tb)
+        text = "".join(traceback.format_exception(exc_type, exc, tb))
+        sys.stderr.write("".join(f"rank {rank}: {line}\n" for line in text.rstrip().splitlines()))
+        sys.stderr.flush()
+        if world.Get_size() > 1:
+            world.Abort(1)
+        else:
+            os._exit(1)
+
+    def thread_hook(args):
+        report_and_abort(args.exc_type, args.exc_value, args.exc_traceback)
+
+    sys.excepthook = report_and_abort
+    threading.excepthook = thread_hook
+
+
+def fail_usage(comm, message: Optional[str]) -> None:
+    """Collective: if rank 0 found bad input, rank 0 prints it once and every rank exits 2."""
+    message = comm.bcast(message, root=0)
+    if message is None:
+        return
+    if comm.Get_rank() == 0:
+        sys.stderr.write(f"mpilearn: error: {message}\n")
+        sys.stderr.flush()
+    # exit together so that mpirun reports status 2 rather than an abort
+    comm.Barrier()
+    sys.exit(2)
+
+
+def check_on_root(comm, fn, *args, **kwargs):
+    """Run ``fn`` on rank 0; a UsageError it raises ends every rank with status 2.
+
+    Returns fn's result on rank 0 and None elsewhere.
+    """
+    result, message = None, None
+    if comm.Get_rank() == 0:
+        try:
+            result = fn(*args, **kwargs)
+        except UsageError as err:
+            message = str(err)
+    fail_usage(comm, message)
+    return result
+
+
+def cuda_device_count() -> int:
+    try:
+        import torch
+
+        return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except ImportError:
+        return 0
+
+
+def choose_device(ctx: Context, want: str = "auto", allow_shared_gpus: bool = False,
+                  n_gpus: Optional[int] = None) -> str:
+    """One process per GPU: the node-local rank selects ``cuda:local_rank``.
+
+    More ranks per node than GPUs is an error unless ``allow_shared_gpus``; on CPU, torch uses
+    cores / ranks-per-node threads so that ranks do not fight over cores.
+    """
+    n_gpus = cuda_device_count() if n_gpus is None else n_gpus
+    if want == "cpu" or (want == "auto" and n_gpus == 0):
+        return "cpu"
+    if n_gpus == 0:
+        raise UsageError(f"device.type is '{want}' but no CUDA device is visible to this rank")
+    if ctx.local_size > n_gpus and not allow_shared_gpus:
+        raise UsageError(
+            f"{ctx.local_size} ranks on this node but only {n_gpus} GPU(s) visible: "
+            f"launch with at most {n_gpus} tasks per node (srun --ntasks-per-node={n_gpus} / "
+            f"mpirun --map-by ppr:{n_gpus}:node) or give each task its GPU "
+            f"(--gpus-per-task=1), or set device.allow_shared_gpus=true")
+    return f"cuda:{ctx.local_rank % n_gpus}"
+
+
+def bind(ctx: Context, device: str) -> None:
+    """Make ``device`` current and size the CPU thread pool for this rank."""
+    import torch
+
+    ctx.device = device
+    if device.startswith("cuda"):
+        torch.cuda.set_device(torch.device(device))
+    total = os.cpu_count() or 1
+    mine = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else total
+    # a launcher that bound us to a core set already did the division
+    threads = mine if mine < total else max(1, total // max(1, ctx.local_size))
+    if os.environ.get("OMP_NUM_THREADS"):
+        threads = int(os.environ["OMP_NUM_THREADS"])
+    torch.set_num_threads(threads)

@@ -1,0 +1,182 @@
+"""The training configuration: one YAML file, validated against a schema of defaults.
+
+Every key has a default here, and its default's type is the type the key accepts (an int is
+accepted where a float is expected). An unknown key is an error that suggests the nearest
+valid one; ``--set a.b=value`` overrides parse ``value`` as YAML.
+"""
+from __future__ import annotations
+
+import copy
+import difflib
+import os
+from typing import Any, Dict, Iterable, Optional
+
+import yaml
+
+from .comm import UsageError
+
+# key -> default. ``None`` marks a key that takes a string or nothing.
+SCHEMA: Dict[str, Any] = {
+    "model": "",            # model file (path/to/file.py) or module, optionally ':builder'
+    "hparams": {},          # free-form, passed to the builder
+    "data": {
+        "files": [],        # HDF5 files or glob patterns with the training events
+        "val_files": [],    # validation files; if empty, val_fraction of the events is held out
+        "val_fraction": 0.1,
+        "shuffle": True,
+        "prefetch": 4,      # batches read ahead by the background thread
+    },
+    "train": {
+        "epochs": 1,
+        "batch_size": 32,   # per rank; global batch = batch_size x ranks
+        "max_steps_per_epoch": 0,   # 0 = all events
+        "backend": "mpi",   # mpi | torch | horovod
+        "fusion_mb": 25.0,  # tensor-fusion bucket size
+        "seed": 0,
+        "deterministic": False,
+        "lr_scaling": "none",        # none | linear (lr x ranks)
+        "warmup_epochs": 0.0,        # linear warm-up to the scaled lr
+        "early_stopping": {
+            "monitor": "val_loss",
+            "patience": 0,           # epochs without improvement; 0 = off
+            "min_delta": 0.0,
+        },
+        "checkpoint_every_steps": 0,  # 0 = at the end of every epoch only
+        "keep_checkpoints": 3,
+        "validate_every": 0,          # physics validation every N epochs (GAN tasks); 0 = off
+    },
+    "device": {
+        "type": "auto",               # auto | cpu | cuda
+        "allow_shared_gpus": False,   # allow more ranks per node than GPUs
+    },
+    "output": "",                     # run directory; default runs/<model>-<time>
+}
+
+CHOICES = {
+    "train.backend": ("mpi", "torch", "horovod"),
+    "train.lr_scaling": ("none", "linear"),
+    "device.type": ("auto", "cpu", "cuda"),
+}
+
+FREE_FORM = {"hparams"}
+
+
+def _flat_keys(schema: dict, prefix: str = "") -> Iterable[str]:
+    for key, value in schema.items():
+        full = prefix + key
+        yield full
+        if isinstance(value, dict) and full not in FREE_FORM:
+            yield from _flat_keys(value, full + ".")
+
+
+def _type_name(value) -> str:
+    return {bool: "a boolean", int: "an integer", float: "a number", str: "a string",
+            list: "a list", dict: "a mapping"}.get(type(value), type(value).__name__)
+
+
+def _check(user: dict, schema: dict, prefix: str, source: str) -> None:
+    if not isinstance(user, dict):
+        raise UsageError(f"{source}: '{prefix.rstrip('.') or 'config'}' must be a mapping")
+    for key, value in user.items():
+        full = prefix + str(key)
+        if key not in schema:
+            valid = list(_flat_keys(SCHEMA))
+            near = difflib.get_close_matches(full, valid, n=1, cutoff=0.5)
+            hint = f"; did you mean '{near[0]}'?" if near else ""
+            raise UsageError(f"{source}: unknown config key '{full}'{hint}")
+        default = schema[key]
+        if full in FREE_FORM:
+            if not isinstance(value, dict):
+                raise UsageError(f"{source}: '{full}' must be a mapping")
+            continue
+        if isinstance(default, dict):
+            _check(value, default, full + ".", source)
+            continue
+        ok = (isinstance(value, type(default))
+              and not (isinstance(value, bool) and not isinstance(default, bool)))
+        if isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
+            ok = True
+        if isinstance(default, list) and isinstance(value, str):
+            ok = True  # a single file
+        if not ok:
+            raise UsageError(f"{source}: '{full}' must be {_type_name(default)}, "
+                             f"got {value!r}")
+        if full in CHOICES and value not in CHOICES[full]:
+            raise UsageError(f"{source}: '{full}' is {value!r}; choose one of "
+                             f"{', '.join(CHOICES[full])}")
+
+
+def merge(base: dict, override: dict) -> dict:
+    out = copy.deepcopy(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict) and key not in FREE_FORM:
+            out[key] = merge(out[key], value)
+        elif isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = {**out[key], **value}
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def parse_set(items: Iterable[str]) -> dict:
+    """``["train.epochs=3", "hparams.lr=0.1"]`` -> nested dict."""
+    out: dict = {}
+    for item in items or ():
+        if "=" not in item:
+            raise UsageError(f"--set expects key=value, got '{item}'")
+        key, raw = item.split("=", 1)
+        try:
+            value = yaml.safe_load(raw)
+        except yaml.YAMLError:
+            value = raw
+        node = out
+        parts = key.strip().split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+        node[parts[-1]] = value
+    return out
+
+
+def load_file(path: str) -> dict:
+    if not os.path.isfile(path):
+        raise UsageError(f"config file not found: {path}")
+    try:
+        with open(path) as f:
+            data = yaml.safe_load(f) or {}
+    except yaml.YAMLError as err:
+        raise UsageError(f"{path}: not valid YAML: {err}") from None
+    if not isinstance(data, dict):
+        raise UsageError(f"{path}: the top level must be a mapping of config keys")
+    return data
+
+
+def resolve(path: Optional[str], sets: Iterable[str] = (), base: Optional[dict] = None) -> dict:
+    """Defaults <- ``base`` <- file <- ``--set`` overrides, validated at each layer."""
+    config = copy.deepcopy(SCHEMA)
+    layers = []
+    if base:
+        layers.append((base, "default config"))
+    if path:
+        layers.append((load_file(path), path))
+    layers.append((parse_set(sets), "--set"))
+    for layer, source in layers:
+        _check(layer, SCHEMA, "", source)
+        config = merge(config, layer)
+    for key in ("files", "val_files"):
+        if isinstance(config["data"][key], str):
+            config["data"][key] = [config["data"][key]]
+    if not config["model"]:
+        raise UsageError("no model given: set 'model' in the config or --set model=FILE.py")
+    t = config["train"]
+    for key in ("epochs", "batch_size"):
+        if t[key] < 1:
+            raise UsageError(f"'train.{key}' must be at least 1, got {t[key]}")
+    if not 0 <= config["data"]["val_fraction"] < 1:
+        raise UsageError(f"'data.val_fraction' must be in [0, 1), got {config['data']['val_fraction']}")
+    return config
+
+
+def dump(config: dict, path: str) -> None:
+    from .io import atomic_write_text
+
+    atomic_write_text(path, yaml.safe_dump(config, sort_keys=False))

@@ -1,0 +1,210 @@
+"""HDF5 event datasets: event-level sharding, seeded per-epoch shuffling, background prefetch.
+
+Events, not files, are sharded, so 64 ranks work with 10 files. Global batch ``j`` of an epoch
+is ``order[j*G:(j+1)*G]`` with ``G = local_batch * ranks``, and rank ``r`` reads the ``r``-th
+slice of it: N ranks see exactly the events one rank would see with an N-times larger batch.
+The read position is just (epoch, step), so it is checkpointable.
+"""
+from __future__ import annotations
+
+import os
+import queue
+import threading
+import time
+from typing import Callable, Dict, Iterator, List, Optional, Sequence
+
+import numpy as np
+
+from ..comm import UsageError
+
+
+class EventFiles:
+    """A list of HDF5 files seen as one table of events with the given dataset keys."""
+
+    def __init__(self, paths: Sequence[str], keys: Sequence[str], optional: Sequence[str] = ()):
+        import h5py
+
+        if not paths:
+            raise UsageError("data.files matches no file")
+        self.paths = [str(p) for p in paths]
+        self.keys = list(keys)
+        self.optional_present = set(optional)
+        counts = []
+        for path in self.paths:
+            if not os.path.isfile(path):
+                raise UsageError(f"data file not found: {path}")
+            try:
+                handle = h5py.File(path, "r")
+            except OSError as err:
+                raise UsageError(f"cannot open {path} as HDF5: {err}") from None
+            with handle as f:
+                n = None
+                for key in self.keys:
+                    if key not in f:
+                        raise UsageError(f"{path}: no dataset '{key}' (has: {', '.join(sorted(f.keys()))})")
+                    length = f[key].shape[0] if f[key].shape else 0
+                    if n is not None and length != n:
+                        raise UsageError(f"{path}: dataset '{key}' has {length} events but "
+                                         f"'{self.keys[0]}' has {n}")
+                    n = length
+                for key in optional:
+                    if key not in f:
+                        self.optional_present.discard(key)
+                if not n:
+                    raise UsageError(f"{path}: dataset '{self.keys[0]}' holds no events")
+                counts.append(n)
+        self.counts = np.asarray(counts, dtype=np.int64)
+        self.offsets = np.concatenate([[0], np.cumsum(self.counts)])
+        self._handles: Dict[str, object] = {}
+
+    @classmethod
+    def from_counts(cls, paths, counts, optional_present, keys) -> "EventFiles":
+        """The index rank 0 built, rebuilt on other ranks without touching the files."""
+        self = cls.__new__(cls)
+        self.paths, self.keys = list(paths), list(keys)
+        self.optional_present = set(optional_present)
+        self.counts = np.asarray(counts, dtype=np.int64)
+        self.offsets = np.concatenate([[0], np.cumsum(self.counts)])
+        self._handles = {}
+        return self
+
+    def __len__(self) -> int:
+        return int(self.offsets[-1])
+
+    def read_keys(self) -> List[str]:
+        return self.keys + sorted(self.optional_present)
+
+    def _file(self, i: int):
+        import h5py
+
+        path = self.paths[i]
+        if path not in self._handles:
+            self._handles[path] = h5py.File(path, "r")
+        return self._handles[path]
+
+    def read(self, indices: np.ndarray) -> Dict[str, np.ndarray]:
+        """Events at global ``indices`` (any order), as a dict of arrays in that order."""
+        indices = np.asarray(indices, dtype=np.int64)
+        order = np.argsort(indices, kind="stable")
+        sorted_idx = indices[order]
+        file_of = np.searchsorted(self.offsets, sorted_idx, side="right") - 1
+        parts: Dict[str, list] = {k: [] for k in self.read_keys()}
+        for i in np.unique(file_of):
+            rows = sorted_idx[file_of == i] - self.offsets[i]
+            f = self._file(int(i))
+            contiguous = rows[-1] - rows[0] + 1 == len(rows)
+            for key in parts:
+                ds = f[key]
+                # h5py fancy indexing is slow; a contiguous run reads as one slice
+                parts[key].append(ds[rows[0]:rows[-1] + 1] if contiguous else _take(ds, rows))
+        out = {}
+        inverse = np.empty_like(order)
+        inverse[order] = np.arange(len(order))
+        for key, chunks in parts.items():
+            out[key] = np.concatenate(chunks)[inverse]
+        return out
+
+    def close(self) -> None:
+        for h in self._handles.values():
+            h.close()
+        self._handles.clear()
+
+
+def _take(ds, rows: np.ndarray) -> np.ndarray:
+    """Rows of an HDF5 dataset: read the covering slice when it is dense enough."""
+    span = rows[-1] - rows[0] + 1
+    if span <= 4 * len(rows):
+        return ds[rows[0]:rows[-1] + 1][rows - rows[0]]
+    uniq, inv = np.unique(rows, return_inverse=True)
+    return ds[uniq][inv]
+
+
+def epoch_order(n: int, epoch: int, seed: int, shuffle: bool = True) -> np.ndarray:
+    if not shuffle:
+        return np.arange(n)
+    return np.random.default_rng([seed, epoch]).permutation(n)
+
+
+def split_events(n: int, val_fraction: float, seed: int):
+    """A fixed event-level train/validation split (same on every rank)."""
+    perm = np.random.default_rng([seed, 7919]).permutation(n)
+    n_val = int(round(n * val_fraction))
+    return np.sort(perm[n_val:]), np.sort(perm[:n_val])
+
+
+class ShardedLoader:
+    """Per-rank batches of a global batch, read ahead by a background thread."""
+
+    def __init__(self, files: EventFiles, events: np.ndarray, local_batch: int, rank: int,
+                 size: int, seed: int = 0, shuffle: bool = True, prefetch: int = 4,
+                 transform: Optional[Callable[[dict], dict]] = None):
+        self.files, self.events = files, np.asarray(events)
+        self.local_batch, self.rank, self.size = local_batch, rank, size
+        self.seed, self.shuffle, self.prefetch = seed, shuffle, max(1, prefetch)
+        self.transform = transform
+        self.global_batch = local_batch * size
+        self.steps_per_epoch = len(self.events) // self.global_batch
+        self.wait_seconds = 0.0
+        if self.steps_per_epoch == 0:
+            raise UsageError(f"{len(self.events)} training events cannot fill one global batch of "
+                             f"{self.global_batch} ({local_batch} per rank x {size} ranks)")
+
+    def local_indices(self, epoch: int, step: int) -> np.ndarray:
+        order = epoch_order(len(self.events), epoch, self.seed, self.shuffle)
+        start = step * self.global_batch + self.rank * self.local_batch
+        return self.events[order[start:start + self.local_batch]]
+
+    def _read(self, epoch: int, step: int) -> dict:
+        batch = self.files.read(self.local_indices(epoch, step))
+        batch["_index"] = self.local_indices(epoch, step)
+        return self.transform(batch) if self.transform else batch
+
+    def batches(self, epoch: int, start_step: int = 0) -> Iterator[dict]:
+        """Yields this rank's batches for steps ``start_step..steps_per_epoch-1``."""
+        q: "queue.Queue" = queue.Queue(maxsize=self.prefetch)
+        stop = threading.Event()
+
+        def produce():
+            try:
+                for step in range(start_step, self.steps_per_epoch):
+                    item = self._read(epoch, step)
+                    while not stop.is_set():
+                        try:
+                            q.put(item, timeout=0.1)
+                            break
+                        except queue.Full:
+                            continue
+                    if stop.is_set():
+                        return
+                q.put(StopIteration)
+            except BaseException as err:  # handed to the consumer, which raises it
+                q.put(err)
+
+        thread = threading.Thread(target=produce, name="mpilearn-prefetch", daemon=True)
+        thread.start()
+        try:
+            while True:
+                t0 = time.perf_counter()
+                item = q.get()
+                self.wait_seconds += time.perf_counter() - t0
+                if item is StopIteration:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            stop.set()
+            thread.join(timeout=5)
+
+    def pop_wait(self) -> float:
+        s, self.wait_seconds = self.wait_seconds, 0.0
+        return s
+
+
+def eval_batches(files: EventFiles, events: np.ndarray, local_batch: int, rank: int, size: int,
+                 transform=None) -> Iterator[dict]:
+    """This rank's share of the validation events (uneven shares are fine: no collectives)."""
+    mine = np.asarray(events)[rank::size]
+    for start in range(0, len(mine), local_batch):
+        batch = files.read(mine[start:start + local_batch])
+        yield transform(batch) if transform else batch

@@ -1,0 +1,68 @@
+"""Atomic file writes (temp file + fsync + rename) and append-only JSON lines."""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+
+
+def _atomic(path: str, write, mode: str) -> None:
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-" + os.path.basename(path))
+    try:
+        with os.fdopen(fd, mode) as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def atomic_write_text(path: str, text: str) -> None:
+    _atomic(path, lambda f: f.write(text), "w")
+
+
+def atomic_write_bytes(path: str, write_fn) -> None:
+    """``write_fn(fileobj)`` writes the content (e.g. ``lambda f: torch.save(obj, f)``)."""
+    _atomic(path, write_fn, "wb")
+
+
+def append_jsonl(path: str, record: dict) -> None:
+    """One JSON line, flushed and fsynced: a crash never loses an earlier line."""
+    with open(path, "a") as f:
+        f.write(json.dumps(record, default=_jsonable) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def read_jsonl(path: str) -> list:
+    out = []
+    if not os.path.exists(path):
+        return out
+    with open(path) as f:
+        for line in f:
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                break  # a torn last line from a kill: everything before it is intact
+    return out
+
+
+def _jsonable(obj):
+    try:
+        import numpy as np
+
+        if isinstance(obj, np.generic):
+            return obj.item()
+        if isinstance(obj, np.ndarray):
+            return obj.tolist()
+    except ImportError:
+        pass
+    return str(obj)

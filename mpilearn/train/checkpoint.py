@@ -1,0 +1,63 @@
+"""Checkpoints: one file per save, written atomically by rank 0, a ``latest`` pointer, pruning.
+
+A checkpoint holds the task (all models and optimizers), the position (epoch, step in epoch,
+global step), every rank's RNG states, and the engine's running state (epoch accumulators,
+early-stopping state), so a resumed run continues exactly where the killed one stopped.
+"""
+from __future__ import annotations
+
+import glob
+import os
+import random
+from typing import Optional
+
+import numpy as np
+import torch
+
+from ..io import atomic_write_bytes, atomic_write_text
+
+LATEST = "latest"
+
+
+def rng_state() -> dict:
+    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(),
+            "python": random.getstate(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
+
+
+def set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    np.random.set_state(state["numpy"])
+    random.setstate(state["python"])
+    if state.get("cuda") is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def name_for(epoch: int, step: int) -> str:
+    return f"ckpt-e{epoch:04d}-s{step:07d}.pt"
+
+
+def save(folder: str, name: str, state: dict, keep: int = 3) -> str:
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, name)
+    atomic_write_bytes(path, lambda f: torch.save(state, f))
+    atomic_write_text(os.path.join(folder, LATEST), name + "\n")
+    if keep > 0:
+        for old in sorted(glob.glob(os.path.join(folder, "ckpt-*.pt")))[:-keep]:
+            os.unlink(old)
+    return path
+
+
+def latest(folder: str) -> Optional[str]:
+    pointer = os.path.join(folder, LATEST)
+    if os.path.exists(pointer):
+        with open(pointer) as f:
+            path = os.path.join(folder, f.read().strip())
+        if os.path.exists(path):
+            return path
+    found = sorted(glob.glob(os.path.join(folder, "ckpt-*.pt")))
+    return found[-1] if found else None
+
+
+def load(path: str) -> dict:
+    return torch.load(path, map_location="cpu", weights_only=False)

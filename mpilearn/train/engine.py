@@ -1,0 +1,299 @@
+"""The data-parallel training loop shared by every task and every launch context.
+
+Order of work, so that bad input is reported before anything expensive starts:
+config (already validated) -> model builder -> data files -> device -> weights broadcast ->
+resume -> epochs. Everything takes the communicator it is given.
+"""
+from __future__ import annotations
+
+import glob
+import math
+import os
+import sys
+import time
+from typing import Optional
+
+import numpy as np
+import torch
+
+from .. import comm as mcomm
+from ..comm import UsageError, check_on_root, fail_usage
+from ..config import dump
+from ..data.hdf5 import EventFiles, ShardedLoader, eval_batches, split_events
+from ..io import append_jsonl
+from ..models import load_builder
+from . import checkpoint as ckpt
+
+
+def expand_files(patterns) -> list:
+    out = []
+    for pattern in patterns:
+        matches = sorted(glob.glob(pattern))
+        out.extend(matches if matches else [pattern])  # keep a literal name: 'not found' later
+    return out
+
+
+def _open_files(config: dict, task) -> tuple:
+    """Rank 0 only: check and count the data files; returns (train_files, val_files)."""
+    data = config["data"]
+    train = EventFiles(expand_files(data["files"]), task.keys, task.optional_keys)
+    val = None
+    if data["val_files"]:
+        val = EventFiles(expand_files(data["val_files"]), task.keys, task.optional_keys)
+    return train, val
+
+
+def _check_devices(ctx, config) -> str:
+    """Every rank picks its device; any rank's problem is reported once by rank 0."""
+    message, device = None, "cpu"
+    try:
+        device = mcomm.choose_device(ctx, config["device"]["type"],
+                                     config["device"]["allow_shared_gpus"])
+    except UsageError as err:
+        message = f"rank {ctx.rank}: {err}"
+    messages = [m for m in ctx.comm.allgather(message) if m]
+    fail_usage(ctx.comm, messages[0] if messages else None)
+    return device
+
+
+def default_output(config: dict) -> str:
+    name = os.path.splitext(os.path.basename(config["model"].split(":")[0]))[0] or "run"
+    return os.path.join("runs", f"{name}-{time.strftime('%Y%m%d-%H%M%S')}")
+
+
+class Trainer:
+    def __init__(self, config: dict, ctx, output: Optional[str] = None, resume: bool = False,
+                 progress: bool = True):
+        self.config, self.ctx, self.resume = config, ctx, resume
+        self.progress = progress and ctx.rank == 0
+        comm = ctx.comm
+        train = config["train"]
+
+        # 1. the model builder: a missing file or function is bad input
+        check_on_root(comm, load_builder, config["model"])
+        torch.manual_seed(train["seed"])
+        np.random.seed(train["seed"])
+        if train["deterministic"]:
+            torch.use_deterministic_algorithms(True)
+        self.task = load_builder(config["model"])(dict(config["hparams"]))
+
+        # 2. the data files, counted once by rank 0
+        files = check_on_root(comm, _open_files, config, self.task)
+        meta = comm.bcast(None if files is None else
+                          [(f.paths, f.counts, sorted(f.optional_present)) if f else None
+                           for f in files], root=0)
+        self.train_files, self.val_files = (
+            EventFiles.from_counts(*m, keys=self.task.keys) if m else None for m in meta)
+        n = len(self.train_files)
+        if self.val_files is None and config["data"]["val_fraction"] > 0:
+            self.train_events, self.val_events = split_events(
+                n, config["data"]["val_fraction"], train["seed"])
+        else:
+            self.train_events = np.arange(n)
+            self.val_events = np.arange(len(self.val_files)) if self.val_files else np.arange(0)
+        self.val_source = self.val_files or self.train_files
+        check_on_root(comm, self._make_loader)  # too few events for one global batch?
+        self.loader = self._make_loader()
+
+        # 3. output directory (rank 0 decides, everybody agrees)
+        self.output = comm.bcast(output or config["output"] or default_output(config), root=0)
+        self.ckpt_dir = os.path.join(self.output, "checkpoints")
+        self.metrics_path = os.path.join(self.output, "metrics.jsonl")
+        if ctx.rank == 0:
+            os.makedirs(self.ckpt_dir, exist_ok=True)
+            dump(config, os.path.join(self.output, "config.yaml"))
+
+        # 4. devices, weights, optimizers
+        device = _check_devices(ctx, config)
+        mcomm.bind(ctx, device)
+        self.task.setup(comm, device, train["backend"], int(train["fusion_mb"] * (1 << 20)))
+        self.base_lrs = {k: [g["lr"] for g in o.param_groups]
+                         for k, o in self.task.optimizers().items()}
+        torch.manual_seed(train["seed"] * 1000 + ctx.rank + 1)  # per-rank noise from here on
+
+        # 5. position and running state
+        self.epoch, self.step_in_epoch, self.global_step = 0, 0, 0
+        self.acc = self._empty_acc()
+        self.best, self.bad_epochs = math.inf, 0
+        if resume:
+            self._restore()
+
+    def _make_loader(self):
+        t = self.config["train"]
+        return ShardedLoader(self.train_files, self.train_events, t["batch_size"], self.ctx.rank,
+                             self.ctx.size, seed=t["seed"], shuffle=self.config["data"]["shuffle"],
+                             prefetch=self.config["data"]["prefetch"], transform=self.task.transform)
+
+    @property
+    def steps_per_epoch(self) -> int:
+        cap = self.config["train"]["max_steps_per_epoch"]
+        return min(self.loader.steps_per_epoch, cap) if cap > 0 else self.loader.steps_per_epoch
+
+    # -- learning rate -------------------------------------------------------------------
+    def _set_lr(self) -> float:
+        t = self.config["train"]
+        factor = 1.0
+        if t["lr_scaling"] == "linear":
+            warm = t["warmup_epochs"] * self.steps_per_epoch
+            ramp = 1.0 if warm <= 0 else min(1.0, (self.global_step + 1) / warm)
+            factor = 1.0 + (self.ctx.size - 1) * ramp
+        for k, opt in self.task.optimizers().items():
+            for g, base in zip(opt.param_groups, self.base_lrs[k]):
+                g["lr"] = base * factor
+        first = next(iter(self.task.optimizers().values()))
+        return first.param_groups[0]["lr"]
+
+    # -- checkpoints -------------------------------------------------------------------
+    @staticmethod
+    def _empty_acc() -> dict:
+        return {"losses": {}, "steps": 0, "compute": 0.0, "allreduce": 0.0, "data": 0.0,
+                "samples": 0, "seconds": 0.0}
+
+    def _save(self) -> None:
+        rngs = self.ctx.comm.gather(ckpt.rng_state(), root=0)
+        if self.ctx.rank != 0:
+            return
+        state = {"task": self.task.state_dict(), "epoch": self.epoch,
+                 "step_in_epoch": self.step_in_epoch, "global_step": self.global_step,
+                 "rng": rngs, "acc": self.acc, "best": self.best, "bad_epochs": self.bad_epochs,
+                 "world_size": self.ctx.size}
+        ckpt.save(self.ckpt_dir, ckpt.name_for(self.epoch, self.step_in_epoch), state,
+                  self.config["train"]["keep_checkpoints"])
+
+    def _restore(self) -> None:
+        path = ckpt.latest(self.ckpt_dir) if self.ctx.rank == 0 else None
+        path = self.ctx.comm.bcast(path, root=0)
+        if path is None:
+            if self.ctx.rank == 0:
+                print(f"mpilearn: no checkpoint in {self.ckpt_dir}; starting fresh", flush=True)
+            return
+        state = self.ctx.comm.bcast(ckpt.load(path) if self.ctx.rank == 0 else None, root=0)
+        self.task.load_state_dict(state["task"])
+        self.epoch, self.step_in_epoch = state["epoch"], state["step_in_epoch"]
+        self.global_step, self.acc = state["global_step"], state["acc"]
+        self.best, self.bad_epochs = state["best"], state["bad_epochs"]
+        rngs = state["rng"]
+        if len(rngs) == self.ctx.size:
+            ckpt.set_rng_state(rngs[self.ctx.rank])
+        elif self.ctx.rank == 0:
+            print(f"mpilearn: checkpoint was written by {len(rngs)} ranks, now {self.ctx.size}: "
+                  "RNG streams restart", flush=True)
+        if self.ctx.rank == 0:
+            print(f"mpilearn: resumed from {path} (epoch {self.epoch}, step {self.step_in_epoch})",
+                  flush=True)
+
+    # -- the loop ----------------------------------------------------------------------
+    def fit(self) -> dict:
+        t = self.config["train"]
+        every = t["checkpoint_every_steps"]
+        last = {}
+        stopped = False
+        while self.epoch < t["epochs"] and not stopped:
+            bar = None
+            if self.progress:
+                from tqdm import tqdm
+
+                bar = tqdm(total=self.steps_per_epoch, initial=self.step_in_epoch,
+                           desc=f"epoch {self.epoch + 1}/{t['epochs']}", unit="step",
+                           file=sys.stderr, dynamic_ncols=True, leave=False)
+            self.loader.pop_wait()
+            self.task.allreduce_seconds()
+            start = time.perf_counter()
+            batches = self.loader.batches(self.epoch, self.step_in_epoch)
+            for batch in batches:
+                if self.step_in_epoch >= self.steps_per_epoch:
+                    break
+                lr = self._set_lr()
+                losses = self.task.train_step(batch)
+                for k, v in losses.items():
+                    self.acc["losses"][k] = self.acc["losses"].get(k, 0.0) + v
+                self.acc["steps"] += 1
+                self.acc["samples"] += self.loader.global_batch
+                self.step_in_epoch += 1
+                self.global_step += 1
+                if bar is not None:
+                    bar.update(1)
+                    bar.set_postfix({k: f"{v:.4g}" for k, v in losses.items()}, refresh=False)
+                if every and self.global_step % every == 0 and self.step_in_epoch < self.steps_per_epoch:
+                    self._account(start)
+                    start = time.perf_counter()
+                    self._save()
+            batches.close()
+            self._account(start)
+            if bar is not None:
+                bar.close()
+            record = self._end_epoch(lr)
+            last = record
+            stopped = self._early_stop(record)
+            self.epoch += 1
+            self.step_in_epoch = 0
+            self.acc = self._empty_acc()
+            self._save()
+        if self.ctx.rank == 0:
+            print(f"mpilearn: done after {self.epoch} epoch(s); results in {self.output}",
+                  flush=True)
+        return last
+
+    def _account(self, start: float) -> None:
+        wall = time.perf_counter() - start
+        comm_s, data_s = self.task.allreduce_seconds(), self.loader.pop_wait()
+        self.acc["seconds"] += wall
+        self.acc["allreduce"] += comm_s
+        self.acc["data"] += data_s
+        self.acc["compute"] += max(0.0, wall - comm_s - data_s)
+
+    def evaluate(self) -> dict:
+        """Validation metrics over all validation events, averaged across ranks."""
+        if len(self.val_events) == 0:
+            return {}
+        sums, count = {}, 0
+        for batch in eval_batches(self.val_source, self.val_events,
+                                  self.config["train"]["batch_size"], self.ctx.rank,
+                                  self.ctx.size, self.task.transform):
+            for k, v in self.task.eval_batch(batch).items():
+                sums[k] = sums.get(k, 0.0) + v
+            count += len(next(iter(batch.values())))
+        names = sorted(set().union(*self.ctx.comm.allgather(set(sums))))
+        vec = np.array([sums.get(k, 0.0) for k in names] + [count], dtype=np.float64)
+        total = self.ctx.comm.allreduce(vec)
+        return {f"val_{k}": float(total[i] / max(total[-1], 1)) for i, k in enumerate(names)}
+
+    def _end_epoch(self, lr: float) -> dict:
+        comm, acc = self.ctx.comm, self.acc
+        names = sorted(acc["losses"])
+        local = np.array([acc["losses"][k] for k in names] + [acc["steps"]], dtype=np.float64)
+        total = comm.allreduce(local)
+        train = {k: float(total[i] / max(total[-1], 1)) for i, k in enumerate(names)}
+        val = self.evaluate()
+        split = {k: round(acc[k], 4) for k in ("compute", "allreduce", "data", "seconds")}
+        per_rank = comm.gather(split, root=0)
+        record = {"epoch": self.epoch + 1, "step": self.global_step, "lr": lr,
+                  **{f"train_{k}": v for k, v in train.items()}, **val,
+                  "samples_per_s": acc["samples"] / acc["seconds"] if acc["seconds"] else None,
+                  "time": split, "time_per_rank": per_rank, "ranks": self.ctx.size}
+        record.update(self.task.epoch_extras(self) if hasattr(self.task, "epoch_extras") else {})
+        if self.ctx.rank == 0:
+            append_jsonl(self.metrics_path, record)
+            shown = {k: (round(v, 5) if isinstance(v, float) else v) for k, v in record.items()
+                     if k.startswith(("train_", "val_", "score")) or k == "samples_per_s"}
+            print(f"epoch {record['epoch']}: {shown}", flush=True)
+        return record
+
+    def _early_stop(self, record: dict) -> bool:
+        es = self.config["train"]["early_stopping"]
+        if es["patience"] <= 0:
+            return False
+        value = record.get(es["monitor"])
+        if value is None:
+            raise UsageError(f"train.early_stopping.monitor '{es['monitor']}' is not a logged "
+                             f"metric (have: {', '.join(sorted(record))})")
+        if value < self.best - es["min_delta"]:
+            self.best, self.bad_epochs = value, 0
+        else:
+            self.bad_epochs += 1
+        if self.bad_epochs >= es["patience"]:
+            if self.ctx.rank == 0:
+                print(f"mpilearn: early stopping: {es['monitor']} has not improved for "
+                      f"{self.bad_epochs} epoch(s)", flush=True)
+            return True
+        return False

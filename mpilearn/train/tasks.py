@@ -1,0 +1,121 @@
+"""Tasks: what a model builder returns, and what the engine drives.
+
+A task knows its models, optimizers and the HDF5 keys it reads, and does one training step on
+a local batch. The engine owns everything around it: data, devices, allreduce set-up,
+checkpoints, metrics. New kinds of training (the GAN task) are new Task classes.
+"""
+from __future__ import annotations
+
+from typing import Callable, Dict, List, Optional, Sequence, Union
+
+import numpy as np
+import torch
+
+from .. import torch as mtorch
+
+
+class Task:
+    """The interface the engine calls. Subclasses fill in the four training hooks."""
+
+    keys: Sequence[str] = ()
+    optional_keys: Sequence[str] = ()
+    device = "cpu"
+
+    def models(self) -> Dict[str, torch.nn.Module]:
+        raise NotImplementedError
+
+    def optimizers(self) -> Dict[str, torch.optim.Optimizer]:
+        raise NotImplementedError
+
+    def transform(self, batch: dict) -> dict:
+        """Runs in the prefetch thread on numpy arrays: decoding, preprocessing."""
+        return batch
+
+    def train_step(self, batch: dict) -> Dict[str, float]:
+        raise NotImplementedError
+
+    def eval_batch(self, batch: dict) -> Dict[str, float]:
+        """Sums over the batch's events (the engine divides by the global event count)."""
+        raise NotImplementedError
+
+    # -- shared machinery --------------------------------------------------------------
+    def setup(self, comm, device: str, backend: str, fusion_bytes: int) -> None:
+        """Move to ``device``, make every rank start from rank 0's weights, wrap optimizers."""
+        self.device = device
+        for model in self.models().values():
+            model.to(device)
+            mtorch.broadcast_parameters(model.state_dict(), 0, comm)
+        for opt in self.optimizers().values():
+            mtorch.broadcast_optimizer_state(opt, 0, comm)
+            mtorch.DistributedOptimizer(opt, backend=backend, comm=comm,
+                                        fusion_threshold_bytes=fusion_bytes)
+
+    def allreduce_seconds(self) -> float:
+        return sum(opt.allreduce_seconds for opt in self.optimizers().values())
+
+    def state_dict(self) -> dict:
+        return {"models": {k: m.state_dict() for k, m in self.models().items()},
+                "optimizers": {k: o.state_dict() for k, o in self.optimizers().items()}}
+
+    def load_state_dict(self, state: dict) -> None:
+        for k, m in self.models().items():
+            m.load_state_dict(state["models"][k])
+        for k, o in self.optimizers().items():
+            o.load_state_dict(state["optimizers"][k])
+
+    def tensor(self, array: np.ndarray, dtype=torch.float32) -> torch.Tensor:
+        return torch.as_tensor(np.ascontiguousarray(array), dtype=dtype).to(self.device)
+
+
+class SupervisedTask(Task):
+    """A model, a loss and an optimizer: ``loss(model(*inputs), target)`` is minimised.
+
+    ``loss`` and each metric return the mean over the batch; ``inputs`` and ``target`` name
+    HDF5 dataset keys.
+    """
+
+    def __init__(self, model: torch.nn.Module, loss: Callable, optimizer: torch.optim.Optimizer,
+                 metrics: Optional[Dict[str, Callable]] = None,
+                 inputs: Union[str, List[str]] = "X", target: str = "y",
+                 transform: Optional[Callable[[dict], dict]] = None,
+                 target_dtype=torch.float32):
+        self.model, self.loss, self.optimizer = model, loss, optimizer
+        self.metrics = dict(metrics or {})
+        self.inputs = [inputs] if isinstance(inputs, str) else list(inputs)
+        self.target = target
+        self.keys = self.inputs + [target]
+        self._transform = transform
+        self.target_dtype = target_dtype
+
+    def models(self):
+        return {"model": self.model}
+
+    def optimizers(self):
+        return {"optimizer": self.optimizer}
+
+    def transform(self, batch):
+        return self._transform(batch) if self._transform else batch
+
+    def _forward(self, batch):
+        xs = [self.tensor(batch[k]) for k in self.inputs]
+        y = self.tensor(batch[self.target], self.target_dtype)
+        return self.model(*xs), y
+
+    def train_step(self, batch):
+        self.model.train()
+        self.optimizer.zero_grad()
+        pred, y = self._forward(batch)
+        loss = self.loss(pred, y)
+        loss.backward()
+        self.optimizer.step()
+        return {"loss": float(loss.detach())}
+
+    @torch.no_grad()
+    def eval_batch(self, batch):
+        self.model.eval()
+        pred, y = self._forward(batch)
+        n = len(y)
+        out = {"loss": float(self.loss(pred, y)) * n}
+        for name, fn in self.metrics.items():
+            out[name] = float(fn(pred, y)) * n
+        return out

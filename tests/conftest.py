@@ -1,0 +1,46 @@
+"""Shared helpers: real mpirun launches (never a mocked MPI), toy data files."""
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TESTS = os.path.join(REPO, "tests")
+ENV = {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+       "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "TQDM_DISABLE": "1"}
+
+
+def mpirun_cmd(np_, args):
+    return ["mpirun", "-np", str(np_), "--oversubscribe", sys.executable] + list(args)
+
+
+def mpirun(np_, args, timeout=300, cwd=None, env=None):
+    """Run ``python ARGS`` on np_ ranks; returns CompletedProcess (text)."""
+    start = time.monotonic()
+    proc = subprocess.run(mpirun_cmd(np_, args), capture_output=True, text=True,
+                          timeout=timeout, cwd=cwd or REPO, env={**ENV, **(env or {})})
+    proc.seconds = time.monotonic() - start
+    return proc
+
+
+def train_args(*extra):
+    return ["-m", "mpilearn.train", "--no-progress", *extra]
+
+
+@pytest.fixture(scope="session")
+def toy_file(tmp_path_factory):
+    from mpilearn.data.toy import write_regression
+
+    return write_regression(str(tmp_path_factory.mktemp("data") / "toy.h5"), events=1024)
+
+
+@pytest.fixture(scope="session")
+def toy_files(tmp_path_factory):
+    """The same toy events split over three files of uneven size."""
+    from mpilearn.data.toy import write_regression
+
+    folder = tmp_path_factory.mktemp("split")
+    return [write_regression(str(folder / f"part{i}.h5"), events=n, seed=i)
+            for i, n in enumerate((300, 500, 224))]

@@ -1,0 +1,4 @@
+import mpilearn
+
+mpilearn.init()
+raise ValueError("boom")

@@ -1,0 +1,31 @@
+"""Device binding rules and the node-local split."""
+import pytest
+
+from mpilearn import comm
+from mpilearn.comm import UsageError
+
+
+class FakePlacement:
+    """Only the placement numbers; the communicators themselves are real in other tests."""
+
+    def __init__(self, local_rank, local_size):
+        self.local_rank, self.local_size = local_rank, local_size
+
+
+def test_one_gpu_per_local_rank():
+    assert comm.choose_device(FakePlacement(3, 4), "auto", n_gpus=4) == "cuda:3"
+    assert comm.choose_device(FakePlacement(1, 4), "auto", n_gpus=0) == "cpu"
+    assert comm.choose_device(FakePlacement(1, 4), "cpu", n_gpus=4) == "cpu"
+
+
+def test_more_ranks_than_gpus_says_which_flag_to_change():
+    with pytest.raises(UsageError, match="ntasks-per-node=2"):
+        comm.choose_device(FakePlacement(3, 4), "auto", n_gpus=2)
+    assert comm.choose_device(FakePlacement(3, 4), "auto", allow_shared_gpus=True, n_gpus=2) == "cuda:1"
+    with pytest.raises(UsageError, match="no CUDA device"):
+        comm.choose_device(FakePlacement(0, 1), "cuda", n_gpus=0)
+
+
+def test_init_without_launcher():
+    ctx = comm.init()
+    assert (ctx.rank, ctx.size, ctx.local_rank, ctx.local_size) == (0, 1, 0, 1)

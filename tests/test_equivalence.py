@@ -1,0 +1,58 @@
+"""N ranks x local batch b == 1 rank x batch N*b, for every backend on this machine."""
+import numpy as np
+import pytest
+
+from mpilearn.allreduce import available_backends
+
+from conftest import TESTS, mpirun
+
+SCRIPT = f"{TESTS}/scripts/equivalence.py"
+STEPS, B = 6, 4
+
+
+def weights(path):
+    data = np.load(path)
+    return [data[k] for k in sorted(data.files, key=lambda s: int(s.split("_")[1]))]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """Single-process runs with the global batch, one per (optimizer, N)."""
+    out = {}
+    folder = tmp_path_factory.mktemp("ref")
+    for opt in ("sgd", "adam"):
+        for n in (2, 4):
+            path = str(folder / f"{opt}-{n}.npz")
+            proc = mpirun(1, [SCRIPT, "mpi", opt, str(B * n), str(STEPS), path])
+            assert proc.returncode == 0, proc.stderr
+            out[opt, n] = weights(path)
+    return out
+
+
+@pytest.mark.parametrize("backend", available_backends())
+@pytest.mark.parametrize("opt", ["sgd", "adam"])
+@pytest.mark.parametrize("n", [2, 4])
+def test_distributed_equals_single_process(reference, tmp_path, backend, opt, n):
+    path = str(tmp_path / "w.npz")
+    proc = mpirun(n, [SCRIPT, backend, opt, str(B), str(STEPS), path])
+    assert proc.returncode == 0, proc.stderr
+    got, want = weights(path), reference[opt, n]
+    # the weights moved: otherwise equality would prove nothing
+    start = weights_after_zero_steps(opt)
+    assert any(not np.allclose(g, s) for g, s in zip(got, start))
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-7)
+
+
+_START = {}
+
+
+def weights_after_zero_steps(opt):
+    if opt not in _START:
+        import tempfile
+
+        path = tempfile.mktemp(suffix=".npz")
+        proc = mpirun(1, [SCRIPT, "mpi", opt, str(B), "0", path])
+        assert proc.returncode == 0, proc.stderr
+        _START[opt] = weights(path)
+    return _START[opt]

@@ -1,0 +1,112 @@
+"""The training CLI end to end: engine-level equivalence, outputs, bad input."""
+import json
+import os
+
+import numpy as np
+import pytest
+import yaml
+
+from conftest import REPO, TESTS, mpirun, train_args
+from mpilearn.train import checkpoint as ckpt
+
+MLP = os.path.join(REPO, "models", "mlp.py")
+
+
+def run(np_, toy_files, out, *extra):
+    return mpirun(np_, train_args("--set", f"model={MLP}", "--set", f"data.files={toy_files!r}".replace("'", ""),
+                                  "--set", "hparams.optimizer=sgd", "--set", "hparams.momentum=0.9",
+                                  "--output", str(out), *extra))
+
+
+def test_two_ranks_equal_one_rank_with_double_batch_through_engine(toy_files, tmp_path):
+    a = run(1, toy_files, tmp_path / "a", "--set", "train.batch_size=32", "--set", "train.epochs=2")
+    b = run(2, toy_files, tmp_path / "b", "--set", "train.batch_size=16", "--set", "train.epochs=2")
+    assert a.returncode == 0, a.stderr
+    assert b.returncode == 0, b.stderr
+    wa = ckpt.load(ckpt.latest(str(tmp_path / "a" / "checkpoints")))["task"]["models"]["model"]
+    wb = ckpt.load(ckpt.latest(str(tmp_path / "b" / "checkpoints")))["task"]["models"]["model"]
+    for k in wa:
+        np.testing.assert_allclose(wb[k].numpy(), wa[k].numpy(), rtol=1e-5, atol=1e-6)
+    ma = [json.loads(l) for l in open(tmp_path / "a" / "metrics.jsonl")]
+    mb = [json.loads(l) for l in open(tmp_path / "b" / "metrics.jsonl")]
+    assert [m["epoch"] for m in mb] == [1, 2]
+    assert mb[-1]["val_loss"] == pytest.approx(ma[-1]["val_loss"], rel=1e-4)
+    assert mb[-1]["val_loss"] < mb[0]["val_loss"] * 1.5  # trains, not diverges
+
+
+def test_run_directory_contents(toy_files, tmp_path):
+    out = tmp_path / "run"
+    proc = run(2, toy_files, out, "--set", "train.epochs=2", "--set", "train.lr_scaling=linear",
+               "--set", "train.warmup_epochs=1")
+    assert proc.returncode == 0, proc.stderr
+    config = yaml.safe_load(open(out / "config.yaml"))
+    assert config["train"]["epochs"] == 2 and config["model"] == MLP
+    lines = [json.loads(l) for l in open(out / "metrics.jsonl")]
+    assert len(lines) == 2
+    for rec in lines:
+        assert {"train_loss", "val_loss", "val_mae", "samples_per_s", "time", "time_per_rank"} <= set(rec)
+        assert len(rec["time_per_rank"]) == 2
+        assert set(rec["time"]) == {"compute", "allreduce", "data", "seconds"}
+    # linear scaling: lr reaches 2 x base after the warm-up epoch
+    assert lines[1]["lr"] == pytest.approx(2 * 0.01)
+    assert lines[0]["lr"] == pytest.approx(2 * 0.01)  # last step of the warm-up epoch
+    assert os.path.exists(out / "checkpoints" / "latest")
+    # one progress line per epoch, from rank 0 only
+    assert proc.stdout.count("epoch 1:") == 1
+
+
+def test_early_stopping(toy_files, tmp_path):
+    out = tmp_path / "run"
+    proc = run(1, toy_files, out, "--set", "train.epochs=20", "--set", "hparams.lr=0.0",
+               "--set", "train.early_stopping.patience=2")
+    assert proc.returncode == 0, proc.stderr
+    assert "early stopping" in proc.stdout
+    assert len(open(out / "metrics.jsonl").read().splitlines()) == 3
+
+
+BAD = [
+    (["--set", "model=models/nothere.py"], "model file not found: models/nothere.py"),
+    (["--set", f"model={TESTS}/models/nobuilder.py"], "no builder function 'build(hparams)'"),
+    (["--set", "train.epochs=two"], "'train.epochs' must be an integer"),
+    (["--set", "train.epocs=2"], "unknown config key 'train.epocs'; did you mean 'train.epochs'?"),
+    (["--set", "data.files=[/nonexistent/data.h5]"], "data file not found: /nonexistent/data.h5"),
+    (["--set", "train.backend=gloo"], "'train.backend' is 'gloo'"),
+]
+
+
+@pytest.mark.parametrize("extra,message", BAD, ids=[m[:30] for _, m in BAD])
+def test_bad_input_one_message_status_2(toy_files, tmp_path, extra, message):
+    out = tmp_path / "run"
+    proc = run(2, toy_files, out, *extra)
+    assert proc.returncode == 2, proc.stderr
+    assert message in proc.stderr
+    assert proc.stderr.count("mpilearn: error:") == 1
+    assert "Traceback" not in proc.stderr
+    assert not (out / "metrics.jsonl").exists()  # before training started
+
+
+def test_missing_hdf5_key(tmp_path):
+    import h5py
+
+    path = tmp_path / "nokey.h5"
+    with h5py.File(path, "w") as f:
+        f["X"] = np.zeros((10, 8), np.float32)
+    proc = mpirun(2, train_args("--set", f"model={MLP}", "--set", f"data.files=[{path}]",
+                                "--output", str(tmp_path / "run")))
+    assert proc.returncode == 2
+    assert f"{path}: no dataset 'y'" in proc.stderr
+    assert proc.stderr.count("mpilearn: error:") == 1
+
+
+def test_config_file_and_help(toy_files, tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump({"model": MLP, "data": {"files": toy_files},
+                                   "train": {"epochs": 1, "batch_size": 16}}))
+    proc = mpirun(1, train_args("--config", str(cfg), "--output", str(tmp_path / "r")))
+    assert proc.returncode == 0, proc.stderr
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("train: [1, 2]\n")
+    proc = mpirun(1, train_args("--config", str(bad)))
+    assert proc.returncode == 2 and "'train' must be a mapping" in proc.stderr
+    proc = mpirun(1, ["-m", "mpilearn.train", "--help"])
+    assert proc.returncode == 0 and "train.backend" in proc.stdout
