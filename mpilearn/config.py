@@ -44,6 +44,7 @@ SCHEMA: Dict[str, Any] = {
         "checkpoint_every_steps": 0,  # 0 = at the end of every epoch only
         "keep_checkpoints": 3,
         "validate_every": 0,          # physics validation every N epochs (GAN tasks); 0 = off
+        "physics_events": 512,        # validation events used for the physics score
     },
     "device": {
         "type": "auto",               # auto | cpu | cuda

@@ -1,33 +1,42 @@
 """The embedded default job: what ``python -m mpilearn.train`` runs with no config.
 
-Its data is generated once (rank 0) into the cache folder, so the demo needs no download.
+The small 3DGAN preset on synthetic showers (``mpilearn.simulate``), generated once by rank 0
+into the cache folder, so the demo needs no download. Physics validation runs every epoch.
 """
 from __future__ import annotations
 
+import glob
 import os
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+EVENTS, SEED, ENERGY = 2400, 2026, (100.0, 200.0)
 
 
 def cache_dir() -> str:
     return os.environ.get("MPILEARN_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "mpilearn"))
 
 
+def data_dir() -> str:
+    return os.path.join(cache_dir(), f"showers-angle-{ENERGY[0]:g}-{ENERGY[1]:g}-{EVENTS}-{SEED}")
+
+
 def default_config() -> dict:
-    data = os.path.join(cache_dir(), "toy", "regression.h5")
     return {
-        "model": os.path.join(REPO, "models", "mlp.py"),
-        "data": {"files": [data], "val_fraction": 0.2},
-        "train": {"epochs": 5, "batch_size": 64, "early_stopping": {"patience": 3}},
+        "model": os.path.join(REPO, "models", "gan3d.py"),
+        "hparams": {"preset": "small"},
+        "data": {"files": [os.path.join(data_dir(), "*.h5")], "val_fraction": 0.15},
+        "train": {"epochs": 4, "batch_size": 16, "validate_every": 1, "physics_events": 256},
     }
 
 
 def ensure_data(comm) -> None:
-    """Collective: rank 0 writes the default dataset if it is not cached yet."""
-    from .data.toy import write_regression
+    """Collective: rank 0 simulates the default dataset if it is not cached yet."""
+    from .simulate import simulate
 
-    path = default_config()["data"]["files"][0]
-    if comm.Get_rank() == 0 and not os.path.exists(path):
-        print(f"mpilearn: generating the default dataset in {path}", flush=True)
-        write_regression(path, events=16384)
+    folder = data_dir()
+    if comm.Get_rank() == 0 and not glob.glob(os.path.join(folder, "*.h5")):
+        print(f"mpilearn: simulating the default dataset into {folder}", flush=True)
+        tmp = folder + ".partial"
+        simulate(tmp, EVENTS, "angle", ENERGY, SEED, events_per_file=800)
+        os.replace(tmp, folder)  # all files appear at once: a killed run leaves no half set
     comm.Barrier()

@@ -146,6 +146,10 @@ class _DistributedMixin:
         self._synchronized = False
         return super().step(closure)
 
+    def gradients_finite(self) -> bool:
+        """Whether the last averaged gradients were all finite (identical on every rank)."""
+        return self._reducer.all_finite()
+
     @property
     def allreduce_seconds(self) -> float:
         return self._reducer.pop_seconds()

@@ -132,6 +132,9 @@ class GradientReducer:
         self._next = 0
         self.seconds += time.perf_counter() - start
 
+    def all_finite(self) -> bool:
+        return all(bool(torch.isfinite(b.buffer).all()) for b in self.buckets)
+
     def pop_seconds(self) -> float:
         s, self.seconds = self.seconds, 0.0
         return s

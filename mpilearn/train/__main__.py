@@ -10,6 +10,7 @@ import argparse
 import sys
 
 from ..comm import UsageError
+from .tasks import TrainingStopped
 
 EPILOG = """\
 config keys (YAML; --set uses dotted names):
@@ -26,12 +27,15 @@ config keys (YAML; --set uses dotted names):
   train.lr_scaling           none | linear        train.warmup_epochs  0
   train.early_stopping.{monitor,patience,min_delta}   val_loss, 0 (off), 0
   train.checkpoint_every_steps  0 (epoch ends only)  train.keep_checkpoints  3
+  train.validate_every       0 (off)  physics score every N epochs (GAN tasks)
+  train.physics_events       512    validation events used for the physics score
   device.type                auto | cpu | cuda    device.allow_shared_gpus  false
   output                     run directory (default runs/<model>-<time>)
 
 outputs in the run directory: config.yaml, metrics.jsonl (one line per epoch),
 checkpoints/ (latest pointer + ckpt-eEEEE-sSSSSSSS.pt).
-exit status: 0 done, 1 crash (the failing rank's traceback), 2 bad input.
+exit status: 0 done, 1 crash (the failing rank's traceback), 2 bad input,
+3 training stopped by its guard (e.g. the generator emits only empty images).
 """
 
 
@@ -70,6 +74,10 @@ def main(argv=None) -> int:
         trainer = Trainer(config, ctx, output=args.output, resume=args.resume,
                           progress=not args.no_progress)
         trainer.fit()
+    except TrainingStopped as stop:
+        if ctx.rank == 0:
+            sys.stderr.write(f"mpilearn: training stopped: {stop}\n")
+        return 3
     except UsageError as err:  # raised alike on every rank: one message, status 2
         if ctx.rank == 0:
             sys.stderr.write(f"mpilearn: error: {err}\n")

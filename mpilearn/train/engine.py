@@ -40,6 +40,10 @@ def _open_files(config: dict, task) -> tuple:
     val = None
     if data["val_files"]:
         val = EventFiles(expand_files(data["val_files"]), task.keys, task.optional_keys)
+    check = getattr(task, "check_files", None)
+    for files in (train, val):
+        if check and files is not None:
+            check(files)
     return train, val
 
 
@@ -184,6 +188,19 @@ class Trainer:
 
     # -- the loop ----------------------------------------------------------------------
     def fit(self) -> dict:
+        """Trains to the configured end; a task's TrainingStopped is logged, then re-raised."""
+        from .tasks import TrainingStopped
+
+        try:
+            return self._fit()
+        except TrainingStopped as stop:
+            if self.ctx.rank == 0:
+                append_jsonl(self.metrics_path, {"epoch": self.epoch + 1, "step": self.global_step,
+                                                 "stopped": str(stop)})
+            self._save()
+            raise
+
+    def _fit(self) -> dict:
         t = self.config["train"]
         every = t["checkpoint_every_steps"]
         last = {}
@@ -271,13 +288,27 @@ class Trainer:
                   **{f"train_{k}": v for k, v in train.items()}, **val,
                   "samples_per_s": acc["samples"] / acc["seconds"] if acc["seconds"] else None,
                   "time": split, "time_per_rank": per_rank, "ranks": self.ctx.size}
-        record.update(self.task.epoch_extras(self) if hasattr(self.task, "epoch_extras") else {})
+        record.update(self._physics())
         if self.ctx.rank == 0:
             append_jsonl(self.metrics_path, record)
             shown = {k: (round(v, 5) if isinstance(v, float) else v) for k, v in record.items()
                      if k.startswith(("train_", "val_", "score")) or k == "samples_per_s"}
             print(f"epoch {record['epoch']}: {shown}", flush=True)
         return record
+
+    def _physics(self) -> dict:
+        """Physics score of generated vs validation showers, every validate_every epochs."""
+        every = self.config["train"]["validate_every"]
+        if not every or (self.epoch + 1) % every or not hasattr(self.task, "generate"):
+            return {}
+        from ..physics import validate_task
+
+        events = self.val_events if len(self.val_events) else self.train_events
+        folder = os.path.join(self.output, "validation", f"epoch{self.epoch + 1:04d}")
+        result = validate_task(self.task, self.val_source, events, self.ctx.comm, folder,
+                               self.config["train"]["physics_events"])
+        return {f"physics_{k}" if k != "score" else "score": v for k, v in result.items()
+                if k != "plots"}
 
     def _early_stop(self, record: dict) -> bool:
         es = self.config["train"]["early_stopping"]

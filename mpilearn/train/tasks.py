@@ -14,12 +14,18 @@ import torch
 from .. import torch as mtorch
 
 
+class TrainingStopped(Exception):
+    """Training cannot usefully continue: a loss is NaN/inf, or the generator only emits
+    empty images. Raised alike on every rank (decided on globally reduced values)."""
+
+
 class Task:
     """The interface the engine calls. Subclasses fill in the four training hooks."""
 
     keys: Sequence[str] = ()
     optional_keys: Sequence[str] = ()
     device = "cpu"
+    dtype = torch.float32
 
     def models(self) -> Dict[str, torch.nn.Module]:
         raise NotImplementedError
@@ -63,8 +69,8 @@ class Task:
         for k, o in self.optimizers().items():
             o.load_state_dict(state["optimizers"][k])
 
-    def tensor(self, array: np.ndarray, dtype=torch.float32) -> torch.Tensor:
-        return torch.as_tensor(np.ascontiguousarray(array), dtype=dtype).to(self.device)
+    def tensor(self, array: np.ndarray, dtype=None) -> torch.Tensor:
+        return torch.as_tensor(np.ascontiguousarray(array), dtype=dtype or self.dtype).to(self.device)
 
 
 class SupervisedTask(Task):
@@ -78,7 +84,7 @@ class SupervisedTask(Task):
                  metrics: Optional[Dict[str, Callable]] = None,
                  inputs: Union[str, List[str]] = "X", target: str = "y",
                  transform: Optional[Callable[[dict], dict]] = None,
-                 target_dtype=torch.float32):
+                 target_dtype=None):
         self.model, self.loss, self.optimizer = model, loss, optimizer
         self.metrics = dict(metrics or {})
         self.inputs = [inputs] if isinstance(inputs, str) else list(inputs)
@@ -108,7 +114,11 @@ class SupervisedTask(Task):
         loss = self.loss(pred, y)
         loss.backward()
         self.optimizer.step()
-        return {"loss": float(loss.detach())}
+        value = float(loss.detach())
+        # the averaged gradients are the same on every rank, so every rank stops together
+        if not self.optimizer.gradients_finite():
+            raise TrainingStopped(f"non-finite gradients (local loss {value})")
+        return {"loss": value}
 
     @torch.no_grad()
     def eval_batch(self, batch):

@@ -1,0 +1,87 @@
+"""Training throughput of mpilearn.train at np=1 and np=2, with the per-rank time split.
+
+    python bench/throughput.py [--quick] [--out bench/results/throughput]
+
+Each case runs the real CLI under mpirun for 2 epochs and reports the second (the first pays
+for start-up). Same global batch at np=1 and np=2 (the local batch is halved), so samples/s
+compare like for like. Writes JSON and a Markdown table.
+"""
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ENV = {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+       "TQDM_DISABLE": "1"}
+
+
+def cases(quick):
+    from mpilearn.data.toy import write_regression
+    from mpilearn.simulate import simulate
+
+    tmp = tempfile.mkdtemp(prefix="mpilearn-bench-")
+    toy = write_regression(os.path.join(tmp, "toy.h5"), events=32768)
+    showers = os.path.join(tmp, "showers")
+    simulate(showers, 256 if quick else 1024, "angle", (100, 200), 1, 512, progress=False)
+    gan = os.path.join(REPO, "models", "gan3d.py")
+    yield ("mlp (supervised example)", 256, 64 if quick else 0,
+           [f"model={REPO}/models/mlp.py", f"data.files=[{toy}]"])
+    yield ("3DGAN small preset", 32, 4 if quick else 16,
+           [f"model={gan}", f"data.files=[{showers}/*.h5]", "hparams.preset=small"])
+    yield ("3DGAN full angle model", 4, 1 if quick else 3,
+           [f"model={gan}", f"data.files=[{showers}/*.h5]", "hparams.preset=full"])
+
+
+def run(np_, global_batch, steps, sets, backend):
+    out = tempfile.mkdtemp(prefix="mpilearn-run-")
+    args = ["mpirun", "-np", str(np_), "--oversubscribe", sys.executable, "-m", "mpilearn.train",
+            "--no-progress", "--output", out, "--set", "train.epochs=2",
+            "--set", f"train.batch_size={global_batch // np_}", "--set", f"train.backend={backend}",
+            "--set", "data.val_fraction=0.0", "--set", f"train.max_steps_per_epoch={steps}"]
+    for s in sets:
+        args += ["--set", s]
+    proc = subprocess.run(args, capture_output=True, text=True, env=ENV, cwd=REPO)
+    if proc.returncode:
+        raise RuntimeError(proc.stderr[-3000:])
+    last = [json.loads(l) for l in open(os.path.join(out, "metrics.jsonl"))][-1]
+    steps_done = last["step"] // 2
+    t = last["time"]
+    return {"np": np_, "backend": backend, "global_batch": global_batch, "steps": steps_done,
+            "samples_per_s": last["samples_per_s"],
+            "per_step_ms": {k: 1000 * t[k] / steps_done for k in ("compute", "allreduce", "data", "seconds")},
+            "time_per_rank": last["time_per_rank"]}
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--backends", default="mpi")
+    p.add_argument("--out", default=os.path.join(REPO, "bench", "results", "throughput"))
+    a = p.parse_args()
+    rows = []
+    for name, gb, steps, sets in cases(a.quick):
+        for backend in a.backends.split(","):
+            for np_ in (1, 2):
+                r = run(np_, gb, steps, sets, backend)
+                r["case"] = name
+                rows.append(r)
+                print(f"{name:28s} np={np_} {backend:6s} {r['samples_per_s']:9.2f} samples/s", flush=True)
+    os.makedirs(os.path.dirname(a.out), exist_ok=True)
+    meta = {"machine": f"{platform.machine()} {os.cpu_count()} cores", "python": platform.python_version()}
+    json.dump({"meta": meta, "rows": rows}, open(a.out + ".json", "w"), indent=2)
+    lines = ["| case | np | backend | global batch | samples/s | ms/step compute | allreduce | data wait |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        s = r["per_step_ms"]
+        lines.append(f"| {r['case']} | {r['np']} | {r['backend']} | {r['global_batch']} | "
+                     f"{r['samples_per_s']:.2f} | {s['compute']:.1f} | {s['allreduce']:.1f} | {s['data']:.1f} |")
+    open(a.out + ".md", "w").write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

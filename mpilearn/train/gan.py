@@ -1,0 +1,244 @@
+"""The 3DGAN training protocol as a task: per batch 2 discriminator and 2 generator updates.
+
+One batch (reference 3dgan.md §2c): D on the real batch (labels 1 flipped with p=0.05), D on
+a fake batch made by G in inference mode from the real batch's (E, θ) (labels 0 flipped),
+then twice G through a frozen D with label 1 and the same auxiliary targets.
+
+Distributed semantics:
+  * every optimizer step averages its gradients across ranks with one fused allreduce;
+  * losses are averaged over the *global* batch: each rank scales its summed per-event losses
+    by ranks / global event count, so averaging the gradients gives the global-batch mean even
+    when the Σ > 10 filter leaves ranks with different event counts;
+  * label flips and noise are drawn per (step, global event index), so N ranks draw exactly
+    what one rank with the whole batch draws;
+  * batch-norm statistics are local to each rank (as in Horovod and TF mirrored training): the
+    only thing that differs from one rank with an N-times larger batch.
+"""
+from __future__ import annotations
+
+from typing import Dict, Optional, Sequence
+
+import numpy as np
+import torch
+
+from ..data.calo import GEOMETRY, Preprocess
+from .tasks import Task, TrainingStopped
+
+DEFAULT_WEIGHTS = {"angle": [3.0, 0.1, 25.0, 0.1], "fixed": [2.0, 0.1, 0.1]}
+TERMS = {"angle": ["bce", "aux", "angle", "ecal"], "fixed": ["bce", "aux", "ecal"]}
+LATENT = {"angle": 256, "fixed": 200}
+EMPTY_GUARD_BATCHES = 10
+
+
+def _clip(p):
+    return p.clamp(1e-7, 1 - 1e-7)
+
+
+def _mape(label, pred):
+    """Keras MAPE: divides by the label (not the prediction, as some ports do)."""
+    return 100.0 * (label - pred).abs() / label.abs().clamp_min(1e-7)
+
+
+class GANTask(Task):
+    def __init__(self, generator: torch.nn.Module, discriminator: torch.nn.Module,
+                 g_optimizer, d_optimizer, variant: str = "angle",
+                 loss_weights: Optional[Sequence[float]] = None, label_flip: float = 0.05,
+                 angle_key: str = "mtheta", seed: int = 0, dtype=torch.float32):
+        self.generator, self.discriminator = generator.to(dtype), discriminator.to(dtype)
+        self.dtype = dtype
+        self.g_opt, self.d_opt = g_optimizer, d_optimizer
+        self.variant = variant
+        self.weights = torch.tensor(loss_weights or DEFAULT_WEIGHTS[variant], dtype=dtype)
+        if len(self.weights) != len(TERMS[variant]):
+            raise ValueError(f"loss_weights needs {len(TERMS[variant])} values for the {variant} "
+                             f"model ({', '.join(TERMS[variant])}), got {len(self.weights)}")
+        self.label_flip, self.seed = label_flip, seed
+        self.preprocess = Preprocess(variant, angle_key)
+        self.keys = ["ECAL", "energy"] if variant == "angle" else ["ECAL"]
+        self.optional_keys = [angle_key] if variant == "angle" else ["energy", "target"]
+        self.latent = LATENT[variant]
+        self.steps = 0          # training steps so far: part of the per-sample RNG key
+        self.empty_batches = 0  # consecutive batches with empty generated images
+        self.comm = None
+
+    # -- Task interface ----------------------------------------------------------------
+    def models(self):
+        return {"generator": self.generator, "discriminator": self.discriminator}
+
+    def optimizers(self):
+        return {"generator": self.g_opt, "discriminator": self.d_opt}
+
+    def setup(self, comm, device, backend, fusion_bytes):
+        super().setup(comm, device, backend, fusion_bytes)
+        self.comm = comm
+        self.weights = self.weights.to(device)
+
+    def transform(self, batch):
+        return self.preprocess(batch)
+
+    def check_files(self, files) -> None:
+        """Rank 0, before training: shapes, energy key and finite cells in each file."""
+        import h5py
+
+        from ..comm import UsageError
+
+        shape = GEOMETRY[self.variant]["shape"]
+        for path in files.paths:
+            with h5py.File(path, "r") as f:
+                ecal = f["ECAL"]
+                if ecal.shape[1:] != shape:
+                    raise UsageError(f"{path}: dataset 'ECAL' has events of shape {ecal.shape[1:]}, "
+                                     f"expected {shape} for the {self.variant} model")
+                if "energy" not in f and "target" not in f:
+                    raise UsageError(f"{path}: no dataset 'energy' (or 'target') with the "
+                                     "primary energy")
+                head = ecal[:256]
+                if not np.isfinite(head).all():
+                    raise UsageError(f"{path}: dataset 'ECAL' has NaN or infinite cells")
+
+    def state_dict(self):
+        return {**super().state_dict(), "gan": {"steps": self.steps,
+                                                "empty_batches": self.empty_batches}}
+
+    def load_state_dict(self, state):
+        super().load_state_dict(state)
+        self.steps = state["gan"]["steps"]
+        self.empty_batches = state["gan"]["empty_batches"]
+
+    # -- per-sample randomness ---------------------------------------------------------
+    def _draws(self, index: np.ndarray, step: int, purpose: int = 0):
+        """Label-flip uniforms (2) and latent noise (3 sets) for each global event.
+
+        Keyed by (seed, purpose, step, event): 0 = training, 1 = generation/evaluation.
+        """
+        flips = np.empty((len(index), 2), np.float32)
+        noise = np.empty((3, len(index), self.latent - (2 if self.variant == "angle" else 0)),
+                         np.float32)
+        for j, i in enumerate(index):
+            rng = np.random.default_rng([self.seed, purpose, step, int(i)])
+            flips[j] = rng.random(2)
+            noise[:, j] = rng.standard_normal(noise.shape[::2])
+        return flips, noise
+
+    def latent_input(self, noise, energy, angle):
+        if self.variant == "angle":
+            return torch.cat([energy[:, None], angle[:, None], noise], dim=1)
+        return energy[:, None] * noise
+
+    # -- losses ------------------------------------------------------------------------
+    def _terms(self, outputs, label, energy, angle, ecal):
+        """Per-event loss terms, (N, n_terms), unweighted."""
+        p, aux = outputs[0], outputs[1]
+        bce = -(label * torch.log(_clip(p)) + (1 - label) * torch.log(1 - _clip(p)))
+        terms = [bce, _mape(energy, aux)]
+        if self.variant == "angle":
+            terms.append((angle - outputs[2]).abs())
+        terms.append(_mape(ecal, outputs[-1]))
+        return torch.stack(terms, dim=1)
+
+    def _update(self, model_out, opt, label, targets, scale):
+        """One optimizer step on sum-over-events x scale; returns the local term sums."""
+        terms = self._terms(model_out, label, *targets)
+        loss = (terms * self.weights).sum() * scale
+        loss.backward()
+        opt.step()
+        return terms.detach().sum(0)
+
+    def train_step(self, batch) -> Dict[str, float]:
+        G, D = self.generator, self.discriminator
+        n_local = len(batch["energy"])
+        size = self.comm.Get_size() if self.comm is not None else 1
+        n_global = self.comm.allreduce(n_local) if size > 1 else n_local
+        scale = size / max(n_global, 1)
+        flips, noise = self._draws(batch["_index"], self.steps)
+        self.steps += 1
+        k = len(TERMS[self.variant])
+        sums = torch.zeros(4, k, device=self.device)
+        if n_local == 0:  # all events filtered here: take part in the allreduces with zeros
+            for opt in (self.d_opt, self.d_opt, self.g_opt, self.g_opt):
+                opt.zero_grad()
+                opt.step()
+        else:
+            real = self.tensor(batch["images"]).unsqueeze(1)
+            energy, ecal = self.tensor(batch["energy"]), self.tensor(batch["ecal"])
+            angle = self.tensor(batch["angle"]) if self.variant == "angle" else None
+            targets = (energy, angle, ecal)
+            flip = self.tensor(flips) < self.label_flip
+            ones, zeros = torch.ones(n_local, device=self.device), torch.zeros(n_local, device=self.device)
+            noise_t = self.tensor(noise)
+            G.train(), D.train()
+            # 1. discriminator on the real batch
+            self.d_opt.zero_grad()
+            sums[0] = self._update(D(real), self.d_opt, torch.where(flip[:, 0], zeros, ones),
+                                   targets, scale)
+            # 2. discriminator on a fake batch from G in inference mode
+            with torch.no_grad():
+                G.eval()
+                fake = G(self.latent_input(noise_t[0], energy, angle))
+                G.train()
+            self.d_opt.zero_grad()
+            sums[1] = self._update(D(fake), self.d_opt, torch.where(flip[:, 1], ones, zeros),
+                                   targets, scale)
+            # 3-4. generator twice through the frozen discriminator, label "real"
+            D.requires_grad_(False)
+            try:
+                for j in (2, 3):
+                    self.g_opt.zero_grad()
+                    out = D(G(self.latent_input(noise_t[j - 1], energy, angle)))
+                    sums[j] = self._update(out, self.g_opt, ones, targets, scale)
+            finally:
+                D.requires_grad_(True)
+        return self._report(sums, n_global)
+
+    def _report(self, sums: torch.Tensor, n_global: int) -> Dict[str, float]:
+        """Global-batch means of every term (one small allreduce), and the empty-image guard."""
+        local = sums.cpu().double().numpy().reshape(-1)
+        total = self.comm.allreduce(local) if self.comm is not None and self.comm.Get_size() > 1 else local
+        means = total.reshape(4, -1) / max(n_global, 1)
+        w = self.weights.cpu().double().numpy()
+        names = TERMS[self.variant]
+        out = {"d_loss": float((means[0] @ w + means[1] @ w) / 2),
+               "g_loss": float((means[2] @ w + means[3] @ w) / 2)}
+        g_terms = (means[2] + means[3]) / 2
+        out.update({f"g_{n}": float(v) for n, v in zip(names, g_terms)})
+        out.update({"d_real": float(means[0] @ w), "d_fake": float(means[1] @ w)})
+        if not np.isfinite(means).all():
+            raise TrainingStopped(f"a loss is NaN or infinite: {out}")
+        # the guard reads the ecal term (the reference read the angle term by mistake)
+        # empty images have a cell sum of 0: a MAPE of exactly 100 %
+        self.empty_batches = self.empty_batches + 1 if abs(g_terms[-1] - 100.0) < 1e-3 else 0
+        if self.empty_batches >= EMPTY_GUARD_BATCHES:
+            raise TrainingStopped(f"the generator emitted empty images for {self.empty_batches} "
+                                  f"batches in a row (ecal MAPE {g_terms[-1]:.2f} %)")
+        return out
+
+    # -- evaluation and generation -----------------------------------------------------
+    @torch.no_grad()
+    def generate(self, energy_label: np.ndarray, angle: Optional[np.ndarray],
+                 index: np.ndarray) -> np.ndarray:
+        """Preprocessed-space showers for (E/100, θ); noise keyed by the event index."""
+        self.generator.eval()
+        _, noise = self._draws(index, 0, purpose=1)
+        e = self.tensor(energy_label)
+        a = self.tensor(angle) if angle is not None else None
+        out = self.generator(self.latent_input(self.tensor(noise[0]), e, a))
+        return out.squeeze(1).cpu().numpy()
+
+    @torch.no_grad()
+    def eval_batch(self, batch):
+        G, D = self.generator, self.discriminator
+        G.eval(), D.eval()
+        n = len(batch["energy"])
+        if n == 0:
+            return {"d_loss": 0.0, "g_loss": 0.0}
+        real = self.tensor(batch["images"]).unsqueeze(1)
+        energy, ecal = self.tensor(batch["energy"]), self.tensor(batch["ecal"])
+        angle = self.tensor(batch["angle"]) if self.variant == "angle" else None
+        fake = self.tensor(self.generate(batch["energy"], batch.get("angle"), batch["_index"])).unsqueeze(1)
+        targets = (energy, angle, ecal)
+        ones, zeros = torch.ones(n, device=self.device), torch.zeros(n, device=self.device)
+        d_real = (self._terms(D(real), ones, *targets) * self.weights).sum()
+        out_fake = D(fake)
+        d_fake = (self._terms(out_fake, zeros, *targets) * self.weights).sum()
+        g = (self._terms(out_fake, ones, *targets) * self.weights).sum()
+        return {"d_loss": float(d_real + d_fake) / 2, "g_loss": float(g)}

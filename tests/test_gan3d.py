@@ -1,0 +1,242 @@
+"""3DGAN: faithful networks, synthetic showers, physics score, distributed GAN protocol."""
+import json
+import math
+import os
+import sys
+
+import h5py
+import numpy as np
+import pytest
+import torch
+
+from conftest import REPO, TESTS, mpirun, train_args
+from mpilearn import physics
+from mpilearn.data.calo import Preprocess, measured_angle_np
+from mpilearn.simulate import showers, simulate
+from mpilearn.train import checkpoint as ckpt
+
+sys.path.insert(0, os.path.join(REPO, "models"))
+import gan3d  # noqa: E402
+
+GAN = os.path.join(REPO, "models", "gan3d.py")
+
+
+def trainable(m):
+    return sum(p.numel() for p in m.parameters() if p.requires_grad)
+
+
+@pytest.mark.parametrize("hp,g_count,d_count,shape,outputs", [
+    ({"variant": "angle"}, 1364983, 87354, (51, 51, 25), 4),
+    ({"variant": "fixed"}, 872808, 73402, (25, 25, 25), 3),
+])
+def test_reference_parameter_counts_and_shapes(hp, g_count, d_count, shape, outputs):
+    g, d = gan3d.networks(hp)
+    assert trainable(g) == g_count and trainable(d) == d_count
+    latent = 256 if hp["variant"] == "angle" else 200
+    g.eval(), d.eval()
+    with torch.no_grad():
+        x = g(torch.randn(2, latent))
+        out = d(x)
+    assert x.shape == (2, 1) + shape and (x >= 0).all()  # ReLU output
+    assert len(out) == outputs and all(o.shape == (2,) for o in out)
+    assert ((out[0] > 0) & (out[0] < 1)).all()  # sigmoid real/fake
+
+
+def test_faithful_details():
+    g, d = gan3d.networks({"variant": "angle"})
+    bns = [m for m in list(g.modules()) + list(d.modules()) if isinstance(m, torch.nn.BatchNorm3d)]
+    assert bns and all(b.momentum == 0.01 and b.eps == 1e-6 for b in bns)
+    assert all(m.negative_slope == 0.3 for m in d.modules() if isinstance(m, torch.nn.LeakyReLU))
+    assert all(m.mode == "nearest" for m in g.modules() if isinstance(m, torch.nn.Upsample))
+    task = gan3d.build({"preset": "small"})
+    for opt in task.optimizers().values():
+        group = opt.param_groups[0]
+        assert isinstance(opt, torch.optim.RMSprop)
+        assert (group["lr"], group["alpha"], group["eps"]) == (1e-3, 0.9, 1e-7)
+    assert task.weights.tolist() == pytest.approx([3.0, 0.1, 25.0, 0.1])
+    assert gan3d.build({"variant": "fixed"}).weights.tolist() == pytest.approx([2.0, 0.1, 0.1])
+
+
+def test_small_preset_keeps_interface():
+    g, d = gan3d.networks({"preset": "small"})
+    with torch.no_grad():
+        out = d(g(torch.randn(3, 256)))
+    assert len(out) == 4 and trainable(g) < trainable(gan3d.networks({})[0])
+
+
+def test_measured_angle_follows_a_tilted_track():
+    img = np.zeros((1, 51, 51, 25))
+    for z in range(25):  # y moves by cot(60°) cells per layer
+        img[0, 25, int(25 + (z - 12) / math.tan(math.radians(60))), z] = 1.0
+    assert measured_angle_np(img)[0] == pytest.approx(math.radians(60), abs=0.05)
+    assert measured_angle_np(np.zeros((1, 51, 51, 25)))[0] == 100.0
+
+
+@pytest.fixture(scope="module")
+def mc_pair():
+    """Two independent MC samples with the same (E, θ) per event."""
+    rng = np.random.default_rng(5)
+    n = 300
+    energy = rng.uniform(20, 400, n)
+    theta = rng.uniform(math.radians(60), math.radians(120), n)
+    a = showers(energy, theta, (51, 51, 25), np.random.default_rng(1))
+    b = showers(energy, theta, (51, 51, 25), np.random.default_rng(2))
+    return energy, theta, a, b
+
+
+def test_simulator_sampling_fraction_and_angle(mc_pair):
+    energy, theta, a, _ = mc_pair
+    sf = a.reshape(len(a), -1).sum(1) / energy
+    assert 0.01 <= sf.mean() <= 0.03
+    low, high = sf[energy < 100].mean(), sf[energy > 300].mean()
+    assert high < low  # leakage and the sampling-fraction fit: falls with energy
+    assert np.corrcoef(measured_angle_np(a), theta)[0, 1] > 0.9
+
+
+def test_score_mc_vs_mc_near_zero_untrained_far_worse(mc_pair):
+    energy, theta, a, b = mc_pair
+    fa, fb = physics.features(a, energy), physics.features(b, energy)
+    same = physics.score(fa, fb)
+    assert same["score"] < 0.15, same
+    task = gan3d.build({})
+    fake = Preprocess("angle").to_gev(task.generate((energy / 100).astype(np.float32),
+                                                    measured_angle_np(a).astype(np.float32),
+                                                    np.arange(len(energy))))
+    untrained = physics.score(fa, physics.features(fake, energy))
+    assert untrained["score"] > 10 * same["score"], untrained
+
+
+def test_simulate_cli_files_like_the_real_data(tmp_path):
+    proc = mpirun(1, ["-m", "mpilearn.simulate", "--events", "30", "--events-per-file", "20",
+                      "--output", str(tmp_path), "--energy", "100", "200", "--seed", "3"])
+    assert proc.returncode == 0, proc.stderr
+    names = sorted(os.listdir(tmp_path))
+    assert names == ["Ele_VarAngleMeas_100_200_000.h5", "Ele_VarAngleMeas_100_200_001.h5"]
+    with h5py.File(tmp_path / names[0]) as f:
+        assert f["ECAL"].shape == (20, 51, 51, 25)
+        assert {"energy", "theta", "eta", "mtheta", "sum"} <= set(f)
+        assert 100 <= f["energy"][:].min() and f["energy"][:].max() <= 200
+        # GeV x 50 at a ~2 % sampling fraction: the raw sum is about the energy in GeV
+        assert 0.8 < f["ECAL"][:].reshape(20, -1).sum(1).mean() / f["energy"][:].mean() < 1.2
+        first = f["ECAL"][:]
+    again = simulate(str(tmp_path / "again"), 30, "angle", (100, 200), 3, 20, progress=False)
+    with h5py.File(again[0]) as f:
+        np.testing.assert_array_equal(f["ECAL"][:], first)  # seeded: reproducible
+    fixed = simulate(str(tmp_path / "fixed"), 10, "fixed", (10, 50), 0, 10, progress=False)
+    with h5py.File(fixed[0]) as f:
+        assert f["ECAL"].shape == (10, 25, 25, 25) and f["target"][:, 1].min() >= 10
+
+
+def test_preprocessing_angle_format():
+    raw = np.zeros((3, 51, 51, 25), np.float32)
+    raw[0, 25, 25, 10] = 50.0   # kept: Σ = 50 > 10
+    raw[1, 25, 25, 10] = 5.0    # filtered: Σ <= 10
+    raw[2, 20, 20, 5] = 30.0
+    raw[2, 0, 0, 0] = 5e-5      # below the 1e-4 threshold
+    out = Preprocess("angle")({"ECAL": raw, "energy": np.array([150, 150, 120.0]),
+                               "_index": np.array([7, 8, 9])})
+    assert out["_index"].tolist() == [7, 9]
+    assert out["energy"].tolist() == pytest.approx([1.5, 1.2])
+    assert out["ecal"].tolist() == pytest.approx([50.0, 30.0])  # before the power
+    assert out["images"][0, 25, 25, 10] == pytest.approx(50 ** 0.85, rel=1e-5)
+    assert out["images"][1, 0, 0, 0] == 0.0
+    assert "angle" in out and out["angle"].shape == (2,)  # measured, as the file lacks mtheta
+
+
+@pytest.fixture(scope="module")
+def showers_dir(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("showers")
+    simulate(str(folder), 160, "angle", (100, 200), 11, 80, progress=False)
+    return folder
+
+
+def gan_run(np_, folder, out, batch, *extra):
+    return mpirun(np_, train_args(
+        "--set", f"model={GAN}", "--set", f"data.files=[{folder}/*.h5]", "--set", "data.val_fraction=0.2",
+        "--set", "hparams.preset=small", "--set", f"train.batch_size={batch}",
+        "--set", "train.max_steps_per_epoch=3", "--output", str(out), *extra), timeout=600)
+
+
+def test_two_rank_gan_equals_one_rank_with_double_batch(showers_dir, tmp_path):
+    """Exact up to batch norm: with BN and dropout off and float64 arithmetic (so that the
+    order of the allreduce sums cannot matter), any difference is a protocol bug."""
+    exact = ["--set", "hparams.batch_norm=false", "--set", "hparams.dropout=0.0",
+             "--set", "hparams.dtype=float64"]
+    one = gan_run(1, showers_dir, tmp_path / "one", 8, *exact)
+    two = gan_run(2, showers_dir, tmp_path / "two", 4, *exact)
+    assert one.returncode == 0, one.stderr
+    assert two.returncode == 0, two.stderr
+    a = ckpt.load(ckpt.latest(str(tmp_path / "one" / "checkpoints")))["task"]["models"]
+    b = ckpt.load(ckpt.latest(str(tmp_path / "two" / "checkpoints")))["task"]["models"]
+    init = gan3d.build({"preset": "small", "batch_norm": False, "dtype": "float64"})
+    moved = False
+    for net in ("generator", "discriminator"):
+        for k in a[net]:
+            np.testing.assert_allclose(b[net][k].numpy(), a[net][k].numpy(), rtol=1e-7, atol=1e-10)
+            moved |= not torch.allclose(a[net][k], init.models()[net].state_dict()[k])
+    assert moved
+    la = json.loads(open(tmp_path / "one" / "metrics.jsonl").readline())
+    lb = json.loads(open(tmp_path / "two" / "metrics.jsonl").readline())
+    assert lb["train_d_loss"] == pytest.approx(la["train_d_loss"], rel=1e-7)
+    assert lb["train_g_loss"] == pytest.approx(la["train_g_loss"], rel=1e-7)
+
+
+def test_gan_training_with_validation_and_validate_cli(showers_dir, tmp_path):
+    out = tmp_path / "run"
+    proc = gan_run(2, showers_dir, out, 4, "--set", "train.epochs=2", "--set", "train.validate_every=1",
+                   "--set", "train.physics_events=40")
+    assert proc.returncode == 0, proc.stderr
+    lines = [json.loads(l) for l in open(out / "metrics.jsonl")]
+    assert len(lines) == 2 and all(np.isfinite(l["score"]) for l in lines)
+    assert {"train_d_loss", "train_g_loss", "train_g_ecal", "val_d_loss", "val_g_loss"} <= set(lines[0])
+    for name in ("profiles.png", "sampling_fraction.png", "spectra.png", "validation.json"):
+        assert (out / "validation" / "epoch0002" / name).exists()
+    proc = mpirun(2, ["-m", "mpilearn.validate", "--checkpoint", str(out), "--mc",
+                      f"{showers_dir}/*.h5", "--events", "60", "--output", str(tmp_path / "val")])
+    assert proc.returncode == 0, proc.stderr
+    result = json.load(open(tmp_path / "val" / "validation.json"))
+    assert result["events"] == 60 and result["score"] > 0
+    assert {"moments", "profiles", "angle", "sampling_fraction_mc"} <= set(result)
+    assert (tmp_path / "val" / "profiles.png").stat().st_size > 10000
+
+
+def test_empty_generator_guard_stops_training(showers_dir, tmp_path):
+    proc = mpirun(2, train_args(
+        "--set", f"model={TESTS}/models/empty_gan.py", "--set", f"data.files=[{showers_dir}/*.h5]",
+        "--set", "hparams.lr=0.0", "--set", "train.batch_size=2", "--set", "train.epochs=2",
+        "--output", str(tmp_path / "run")), timeout=600)
+    assert proc.returncode == 3, proc.stderr
+    assert "emitted empty images for 10 batches" in proc.stderr
+    last = json.loads(open(tmp_path / "run" / "metrics.jsonl").read().splitlines()[-1])
+    assert "stopped" in last and last["step"] == 10
+
+
+def _write(path, **datasets):
+    with h5py.File(path, "w") as f:
+        for k, v in datasets.items():
+            f[k] = v
+
+
+@pytest.mark.parametrize("case,message", [
+    ("missing_key", "no dataset 'energy'"),
+    ("wrong_shape", "dataset 'ECAL' has events of shape (25, 25, 25), expected (51, 51, 25)"),
+    ("nan", "dataset 'ECAL' has NaN or infinite cells"),
+    ("empty", "dataset 'ECAL' holds no events"),
+])
+def test_bad_calorimeter_files(tmp_path, case, message):
+    path = tmp_path / f"{case}.h5"
+    good = np.ones((4, 51, 51, 25), np.float32)
+    if case == "missing_key":
+        _write(path, ECAL=good)
+    elif case == "wrong_shape":
+        _write(path, ECAL=np.ones((4, 25, 25, 25), np.float32), energy=np.ones(4))
+    elif case == "nan":
+        good[1, 3, 3, 3] = np.nan
+        _write(path, ECAL=good, energy=np.ones(4))
+    else:
+        _write(path, ECAL=np.zeros((0, 51, 51, 25), np.float32), energy=np.zeros(0))
+    proc = mpirun(2, train_args("--set", f"model={GAN}", "--set", f"data.files=[{path}]",
+                                "--set", "hparams.preset=small", "--output", str(tmp_path / "run")))
+    assert proc.returncode == 2, proc.stderr
+    assert str(path) in proc.stderr and message in proc.stderr
+    assert proc.stderr.count("mpilearn: error:") == 1
