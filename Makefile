@@ -12,7 +12,7 @@ export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 export OMPI_MCA_rmaps_base_oversubscribe := 1
 export PRTE_MCA_rmaps_default_mapping_policy := :oversubscribe
 
-.PHONY: setup demo test bench clean
+.PHONY: setup demo test bench clean horovod
 
 setup: $(STAMP)
 
@@ -41,3 +41,29 @@ test: $(STAMP)
 
 clean:
 	rm -rf runs .pytest_cache
+
+# Horovod 0.28.1 (last release) needs C++17 to build against torch >= 2.1: patch its CMake
+# files, build a wheel once into the cache (keyed by the torch version), install from there.
+HVD_CACHE := $(or $(MPILEARN_CACHE),$(HOME)/.cache/mpilearn)/horovod
+HVD_STAMP := $(VENV)/.horovod
+horovod: $(HVD_STAMP)
+$(HVD_STAMP): $(STAMP)
+	@set -e; tv=$$($(BIN)/python -c 'import torch; print(torch.__version__.split("+")[0])'); \
+	dir=$(HVD_CACHE)/torch-$$tv; mkdir -p $$dir; \
+	if ! ls $$dir/horovod-0.28.1-*.whl >/dev/null 2>&1; then \
+	  echo "building Horovod 0.28.1 against torch $$tv (once, ~4 min)"; \
+	  src=$$(mktemp -d); \
+	  $(BIN)/pip download -q --no-deps --no-binary :all: horovod==0.28.1 -d $$src; \
+	  tar xzf $$src/horovod-0.28.1.tar.gz -C $$src; \
+	  sed -i 's/set(CMAKE_CXX_STANDARD 14)/set(CMAKE_CXX_STANDARD 17)/' \
+	    $$src/horovod-0.28.1/CMakeLists.txt $$src/horovod-0.28.1/horovod/torch/CMakeLists.txt; \
+	  $(BIN)/pip install -q cmake packaging; \
+	  HOROVOD_WITH_PYTORCH=1 HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1 \
+	  HOROVOD_WITH_MPI=1 HOROVOD_WITHOUT_GLOO=1 MAKEFLAGS=-j2 \
+	    $(BIN)/pip wheel -q --no-build-isolation --no-deps -w $$dir $$src/horovod-0.28.1; \
+	  rm -rf $$src; \
+	fi; \
+	$(BIN)/pip install -q --no-deps $$dir/horovod-0.28.1-*.whl; \
+	$(BIN)/pip install -q cloudpickle psutil pyyaml packaging cffi
+	$(BIN)/python -c "import horovod.torch as hvd; hvd.init(); assert hvd.mpi_built(), 'horovod without MPI'"
+	touch $@

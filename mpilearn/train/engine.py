@@ -195,8 +195,9 @@ class Trainer:
             return self._fit()
         except TrainingStopped as stop:
             if self.ctx.rank == 0:
-                append_jsonl(self.metrics_path, {"epoch": self.epoch + 1, "step": self.global_step,
-                                                 "stopped": str(stop)})
+                # the step that raised had run its updates: count it
+                append_jsonl(self.metrics_path, {"epoch": self.epoch + 1,
+                                                 "step": self.global_step + 1, "stopped": str(stop)})
             self._save()
             raise
 
