@@ -36,7 +36,7 @@ demo: $(STAMP)
 	@echo
 	@echo "Results: runs/demo (config.yaml, metrics.jsonl, checkpoints/)"
 
-test: $(STAMP)
+test: $(STAMP) $(HVD_STAMP)
 	$(BIN)/python -m pytest -q tests
 
 clean:

@@ -54,12 +54,32 @@ SCHEMA: Dict[str, Any] = {
 }
 
 CHOICES = {
+    "search.searcher": ("gp", "evolution", "random"),
+    "search.fold_mode": ("parallel", "sequential"),
+    "search.scheduler": ("none", "median"),
     "train.backend": ("mpi", "torch", "horovod"),
     "train.lr_scaling": ("none", "linear"),
     "device.type": ("auto", "cpu", "cuda"),
 }
 
-FREE_FORM = {"hparams"}
+FREE_FORM = {"hparams", "search.space", "search.objective", "search.options"}
+
+# an HPO sweep's config: the training config plus a 'search' section
+SEARCH = {
+    "searcher": "gp",          # gp | evolution | random
+    "budget": 10,              # trials in the sweep (finished + failed)
+    "blocks": 1,               # trials trained at once
+    "folds": 2,                # k of k-fold cross-validation (1 = plain validation split)
+    "ranks_per_fold": 1,
+    "fold_mode": "parallel",   # parallel | sequential
+    "seed": 0,
+    "space": {},               # parameters, see mpilearn.hpo.space
+    "objective": {},           # {metric: val_loss, mode: final|best} or {function: mod:func}
+    "options": {},             # searcher options (acq_func, n_initial, population, ...)
+    "trial_timeout": 0.0,      # seconds; 0 = none
+    "scheduler": "none",       # none | median (stop trials worse than the median so far)
+    "test_files": [],          # held-out files: never read by the search
+}
 
 
 def _flat_keys(schema: dict, prefix: str = "") -> Iterable[str]:
@@ -75,13 +95,14 @@ def _type_name(value) -> str:
             list: "a list", dict: "a mapping"}.get(type(value), type(value).__name__)
 
 
-def _check(user: dict, schema: dict, prefix: str, source: str) -> None:
+def _check(user: dict, schema: dict, prefix: str, source: str, root: dict = None) -> None:
+    root = root or schema
     if not isinstance(user, dict):
         raise UsageError(f"{source}: '{prefix.rstrip('.') or 'config'}' must be a mapping")
     for key, value in user.items():
         full = prefix + str(key)
         if key not in schema:
-            valid = list(_flat_keys(SCHEMA))
+            valid = list(_flat_keys(root))
             near = difflib.get_close_matches(full, valid, n=1, cutoff=0.5)
             hint = f"; did you mean '{near[0]}'?" if near else ""
             raise UsageError(f"{source}: unknown config key '{full}'{hint}")
@@ -91,7 +112,7 @@ def _check(user: dict, schema: dict, prefix: str, source: str) -> None:
                 raise UsageError(f"{source}: '{full}' must be a mapping")
             continue
         if isinstance(default, dict):
-            _check(value, default, full + ".", source)
+            _check(value, default, full + ".", source, root)
             continue
         ok = (isinstance(value, type(default))
               and not (isinstance(value, bool) and not isinstance(default, bool)))
@@ -151,9 +172,15 @@ def load_file(path: str) -> dict:
     return data
 
 
-def resolve(path: Optional[str], sets: Iterable[str] = (), base: Optional[dict] = None) -> dict:
+def hpo_schema() -> dict:
+    return {**SCHEMA, "search": SEARCH}
+
+
+def resolve(path: Optional[str], sets: Iterable[str] = (), base: Optional[dict] = None,
+            schema: Optional[dict] = None, require_model: bool = True) -> dict:
     """Defaults <- ``base`` <- file <- ``--set`` overrides, validated at each layer."""
-    config = copy.deepcopy(SCHEMA)
+    schema = schema or SCHEMA
+    config = copy.deepcopy(schema)
     layers = []
     if base:
         layers.append((base, "default config"))
@@ -161,12 +188,12 @@ def resolve(path: Optional[str], sets: Iterable[str] = (), base: Optional[dict] 
         layers.append((load_file(path), path))
     layers.append((parse_set(sets), "--set"))
     for layer, source in layers:
-        _check(layer, SCHEMA, "", source)
+        _check(layer, schema, "", source)
         config = merge(config, layer)
     for key in ("files", "val_files"):
         if isinstance(config["data"][key], str):
             config["data"][key] = [config["data"][key]]
-    if not config["model"]:
+    if require_model and not config["model"]:
         raise UsageError("no model given: set 'model' in the config or --set model=FILE.py")
     t = config["train"]
     for key in ("epochs", "batch_size"):

@@ -67,8 +67,13 @@ def default_output(config: dict) -> str:
 
 class Trainer:
     def __init__(self, config: dict, ctx, output: Optional[str] = None, resume: bool = False,
-                 progress: bool = True):
+                 progress: bool = True, events: Optional[tuple] = None,
+                 deadline: Optional[float] = None):
+        """``events``: explicit (train, validation) event indices (HPO folds); ``deadline``:
+        a time.time() after which training stops with TrainingStopped (HPO trial limits)."""
         self.config, self.ctx, self.resume = config, ctx, resume
+        self.deadline, self.history = deadline, []
+        self.on_epoch = None  # collective callback(record) -> True to stop (HPO schedulers)
         self.progress = progress and ctx.rank == 0
         comm = ctx.comm
         train = config["train"]
@@ -89,7 +94,9 @@ class Trainer:
         self.train_files, self.val_files = (
             EventFiles.from_counts(*m, keys=self.task.keys) if m else None for m in meta)
         n = len(self.train_files)
-        if self.val_files is None and config["data"]["val_fraction"] > 0:
+        if events is not None:
+            self.train_events, self.val_events = (np.asarray(e) for e in events)
+        elif self.val_files is None and config["data"]["val_fraction"] > 0:
             self.train_events, self.val_events = split_events(
                 n, config["data"]["val_fraction"], train["seed"])
         else:
@@ -232,6 +239,8 @@ class Trainer:
                 if bar is not None:
                     bar.update(1)
                     bar.set_postfix({k: f"{v:.4g}" for k, v in losses.items()}, refresh=False)
+                if self.deadline is not None:
+                    self._check_deadline()
                 if every and self.global_step % every == 0 and self.step_in_epoch < self.steps_per_epoch:
                     self._account(start)
                     start = time.perf_counter()
@@ -243,6 +252,8 @@ class Trainer:
             record = self._end_epoch(lr)
             last = record
             stopped = self._early_stop(record)
+            if self.on_epoch is not None and self.on_epoch(record):
+                stopped = True
             self.epoch += 1
             self.step_in_epoch = 0
             self.acc = self._empty_acc()
@@ -251,6 +262,12 @@ class Trainer:
             print(f"mpilearn: done after {self.epoch} epoch(s); results in {self.output}",
                   flush=True)
         return last
+
+    def _check_deadline(self) -> None:
+        from .tasks import TrainingStopped
+
+        if self.ctx.comm.allreduce(time.time() > self.deadline, op=mcomm.mpi().LOR):
+            raise TrainingStopped("the trial ran past its time limit")
 
     def _account(self, start: float) -> None:
         wall = time.perf_counter() - start
@@ -290,6 +307,7 @@ class Trainer:
                   "samples_per_s": acc["samples"] / acc["seconds"] if acc["seconds"] else None,
                   "time": split, "time_per_rank": per_rank, "ranks": self.ctx.size}
         record.update(self._physics())
+        self.history.append(record)
         if self.ctx.rank == 0:
             append_jsonl(self.metrics_path, record)
             shown = {k: (round(v, 5) if isinstance(v, float) else v) for k, v in record.items()
@@ -329,3 +347,14 @@ class Trainer:
                       f"{self.bad_epochs} epoch(s)", flush=True)
             return True
         return False
+
+
+def logged_metrics(task, config: dict) -> set:
+    """Names every epoch record of ``task`` will carry (checked before an HPO sweep starts)."""
+    names = {"epoch", "step", "lr", "samples_per_s"}
+    names |= {f"train_{k}" for k in getattr(task, "loss_names", ())}
+    names |= {f"val_{k}" for k in getattr(task, "val_names", ())}
+    if config["train"]["validate_every"] and hasattr(task, "generate"):
+        names |= {"score", "physics_moments", "physics_profiles", "physics_angle",
+                  "physics_sampling_fraction_mre"}
+    return names

@@ -48,7 +48,13 @@ class GANTask(Task):
         self.dtype = dtype
         self.g_opt, self.d_opt = g_optimizer, d_optimizer
         self.variant = variant
-        self.weights = torch.tensor(loss_weights or DEFAULT_WEIGHTS[variant], dtype=dtype)
+        weights = list(DEFAULT_WEIGHTS[variant])
+        if isinstance(loss_weights, dict):  # {index: weight} overrides, e.g. from an HPO space
+            for i, w in loss_weights.items():
+                weights[int(i)] = w
+        elif loss_weights:
+            weights = list(loss_weights)
+        self.weights = torch.tensor(weights, dtype=dtype)
         if len(self.weights) != len(TERMS[variant]):
             raise ValueError(f"loss_weights needs {len(TERMS[variant])} values for the {variant} "
                              f"model ({', '.join(TERMS[variant])}), got {len(self.weights)}")
@@ -57,6 +63,9 @@ class GANTask(Task):
         self.keys = ["ECAL", "energy"] if variant == "angle" else ["ECAL"]
         self.optional_keys = [angle_key] if variant == "angle" else ["energy", "target"]
         self.latent = LATENT[variant]
+        terms = TERMS[variant]
+        self.loss_names = ["d_loss", "g_loss", "d_real", "d_fake", *(f"g_{t}" for t in terms)]
+        self.val_names = ["d_loss", "g_loss"]
         self.steps = 0          # training steps so far: part of the per-sample RNG key
         self.empty_batches = 0  # consecutive batches with empty generated images
         self.comm = None

@@ -90,6 +90,8 @@ class SupervisedTask(Task):
         self.inputs = [inputs] if isinstance(inputs, str) else list(inputs)
         self.target = target
         self.keys = self.inputs + [target]
+        self.loss_names = ["loss"]
+        self.val_names = ["loss", *self.metrics]
         self._transform = transform
         self.target_dtype = target_dtype
 

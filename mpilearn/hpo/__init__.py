@@ -1,0 +1,1 @@
+"""Hyperparameter search over MPI: layout, search spaces, searchers, coordinator, journal."""

@@ -1,0 +1,38 @@
+"""Standard test functions for searchers (minimisation), usable as function objectives:
+``search.objective.function: mpilearn.hpo.benchmarks:branin``."""
+import math
+
+import numpy as np
+
+BRANIN_MIN = 0.397887
+HARTMANN6_MIN = -3.32237
+
+
+def branin(p):
+    x1, x2 = p["x1"], p["x2"]  # x1 in [-5, 10], x2 in [0, 15]
+    a, b, c, r, s, t = 1, 5.1 / (4 * math.pi ** 2), 5 / math.pi, 6, 10, 1 / (8 * math.pi)
+    return a * (x2 - b * x1 ** 2 + c * x1 - r) ** 2 + s * (1 - t) * math.cos(x1) + s
+
+
+_A = np.array([[10, 3, 17, 3.5, 1.7, 8], [0.05, 10, 17, 0.1, 8, 14],
+               [3, 3.5, 1.7, 10, 17, 8], [17, 8, 0.05, 10, 0.1, 14]])
+_P = 1e-4 * np.array([[1312, 1696, 5569, 124, 8283, 5886], [2329, 4135, 8307, 3736, 1004, 9991],
+                      [2348, 1451, 3522, 2883, 3047, 6650], [4047, 8828, 8732, 5743, 1091, 381]])
+_ALPHA = np.array([1.0, 1.2, 3.0, 3.2])
+
+
+def hartmann6(p):
+    x = np.array([p[f"x{i}"] for i in range(1, 7)])  # each in [0, 1]
+    return float(-np.sum(_ALPHA * np.exp(-np.sum(_A * (x - _P) ** 2, axis=1))))
+
+
+def noisy_branin(p):
+    rng = np.random.default_rng(abs(hash((round(p["x1"], 9), round(p["x2"], 9)))) % 2 ** 32)
+    return branin(p) + rng.normal(0, 2.0)
+
+
+def space(name):
+    if name == "hartmann6":
+        return {f"x{i}": {"type": "real", "low": 0.0, "high": 1.0} for i in range(1, 7)}
+    return {"x1": {"type": "real", "low": -5.0, "high": 10.0},
+            "x2": {"type": "real", "low": 0.0, "high": 15.0}}

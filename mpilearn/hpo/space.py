@@ -1,0 +1,158 @@
+"""Search spaces: real (linear or log), integer and categorical parameters.
+
+YAML form (``search.space``)::
+
+    lr:          {type: real, low: 1.0e-4, high: 1.0e-2, log: true}
+    hidden:      {type: int, low: 8, high: 64}
+    optimizer:   {type: categorical, choices: [adam, sgd]}
+    loss_weights.0: {type: real, low: 1, high: 8}       # an element of a list hparam
+
+A parameter without ``default`` takes it from the model file's ``DEFAULTS``. Every point is
+also encoded in the unit cube (one gene per parameter) for the evolutionary searcher.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Sequence
+
+import numpy as np
+
+from ..comm import UsageError
+
+TYPES = ("real", "int", "categorical")
+
+
+@dataclass
+class Param:
+    name: str
+    type: str
+    low: Optional[float] = None
+    high: Optional[float] = None
+    log: bool = False
+    choices: List[Any] = field(default_factory=list)
+    default: Any = None
+
+    def decode(self, u: float):
+        """A unit-interval gene to a value."""
+        u = min(max(float(u), 0.0), 1.0)
+        if self.type == "categorical":
+            return self.choices[min(int(u * len(self.choices)), len(self.choices) - 1)]
+        if self.log:
+            value = math.exp(math.log(self.low) + u * (math.log(self.high) - math.log(self.low)))
+        else:
+            value = self.low + u * (self.high - self.low)
+        if self.type == "int":
+            return int(min(max(round(value), self.low), self.high))
+        return float(value)
+
+    def encode(self, value) -> float:
+        if self.type == "categorical":
+            return (self.choices.index(value) + 0.5) / len(self.choices)
+        if self.log:
+            return (math.log(value) - math.log(self.low)) / (math.log(self.high) - math.log(self.low))
+        return (value - self.low) / (self.high - self.low) if self.high > self.low else 0.5
+
+
+class Space:
+    def __init__(self, params: Sequence[Param]):
+        self.params = list(params)
+        self.names = [p.name for p in self.params]
+
+    @classmethod
+    def from_config(cls, spec: dict, defaults: Optional[dict] = None, where: str = "search.space"):
+        if not isinstance(spec, dict) or not spec:
+            raise UsageError(f"{where} must be a non-empty mapping of parameters")
+        params = []
+        for name, p in spec.items():
+            key = f"{where}.{name}"
+            if not isinstance(p, dict):
+                raise UsageError(f"{key} must be a mapping with 'type'")
+            unknown = set(p) - {"type", "low", "high", "log", "choices", "default"}
+            if unknown:
+                raise UsageError(f"{key}: unknown field(s) {', '.join(sorted(unknown))}")
+            kind = p.get("type")
+            if kind not in TYPES:
+                raise UsageError(f"{key}.type is {kind!r}; choose one of {', '.join(TYPES)}")
+            default = p.get("default", _lookup(defaults or {}, name))
+            if kind == "categorical":
+                choices = p.get("choices")
+                if not isinstance(choices, list) or not choices:
+                    raise UsageError(f"{key}.choices must be a non-empty list")
+                params.append(Param(name, kind, choices=choices, default=default))
+                continue
+            low, high = p.get("low"), p.get("high")
+            if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (low, high)):
+                raise UsageError(f"{key} needs numeric 'low' and 'high'")
+            if low >= high:
+                raise UsageError(f"{key}: empty or inverted range: low {low} >= high {high}")
+            if p.get("log") and low <= 0:
+                raise UsageError(f"{key}: a log range needs low > 0, got {low}")
+            if kind == "int" and (int(low) != low or int(high) != high):
+                raise UsageError(f"{key}: int bounds must be integers")
+            params.append(Param(name, kind, float(low), float(high), bool(p.get("log", False)),
+                                default=default))
+        return cls(params)
+
+    def sample(self, rng: np.random.Generator) -> Dict[str, Any]:
+        return self.decode(rng.random(len(self.params)))
+
+    def decode(self, genes) -> Dict[str, Any]:
+        return {p.name: p.decode(u) for p, u in zip(self.params, genes)}
+
+    def encode(self, point: Dict[str, Any]) -> List[float]:
+        return [p.encode(point[p.name]) for p in self.params]
+
+    def skopt_dimensions(self):
+        from skopt.space import Categorical, Integer, Real
+
+        dims = []
+        for p in self.params:
+            if p.type == "categorical":
+                dims.append(Categorical(p.choices, name=p.name))
+            elif p.type == "int":
+                dims.append(Integer(int(p.low), int(p.high), prior="log-uniform" if p.log else "uniform",
+                                    name=p.name))
+            else:
+                dims.append(Real(p.low, p.high, prior="log-uniform" if p.log else "uniform", name=p.name))
+        return dims
+
+
+def _lookup(tree: dict, dotted: str):
+    node = tree
+    for part in dotted.split("."):
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, (list, tuple)) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return None
+    return node
+
+
+def apply(hparams: dict, point: Dict[str, Any]) -> dict:
+    """hparams with the point's values set (dotted names reach into dicts and lists)."""
+    out = json.loads(json.dumps(hparams))
+    for dotted, value in point.items():
+        parts = dotted.split(".")
+        node = out
+        for part in parts[:-1]:
+            if isinstance(node, list):
+                node = node[int(part)]
+            else:
+                node = node.setdefault(part, {})
+        last = parts[-1]
+        if isinstance(node, list):
+            node[int(last)] = value
+        else:
+            node[last] = value
+    return out
+
+
+def trial_key(point: Dict[str, Any]) -> str:
+    """A trial's identity: a hash of its parameters (same parameters, same key)."""
+    text = json.dumps({k: (round(v, 12) if isinstance(v, float) else v) for k, v in sorted(point.items())},
+                      sort_keys=True, default=str)
+    return hashlib.sha1(text.encode()).hexdigest()[:12]

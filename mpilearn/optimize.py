@@ -1,0 +1,179 @@
+"""python -m mpilearn.optimize: hyperparameter search over MPI.
+
+    mpirun -np 1+B*K*R python -m mpilearn.optimize --config hpo.yaml [--resume]
+
+Rank 0 is the coordinator (no device); B blocks each train one trial at a time, scored by
+K-fold cross-validation with the K folds on R ranks each, in parallel (or in sequence with
+``search.fold_mode: sequential``, np = 1+B*R). Outputs in the run directory:
+``journal.jsonl`` (every event), ``config.yaml``, ``trials/<key>/fold<k>/`` (each fold's
+own training run). ``--resume`` replays the journal, rebuilds the searcher and re-runs the
+trials that were in flight. Then ``python -m mpilearn.report RUN_DIR``.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from . import comm as mcomm
+from .comm import UsageError, check_on_root
+from .hpo import layout
+from .hpo.coordinator import TAG_BLOCK, TAG_PROGRESS, TAG_TRIAL, TAG_VERDICT, Coordinator
+
+
+def prepare(config: dict, world_size: int, resume: bool) -> dict:
+    """Rank 0, before any trial: layout, space, searcher, objective, data, model, output."""
+    from .config import dump
+    from .hpo import objective
+    from .hpo.journal import Journal
+    from .hpo.searchers import make_searcher
+    from .hpo.space import Space
+    from .models import default_hparams, load_builder
+
+    s = config["search"]
+    layout.check(world_size, s["blocks"], s["folds"], s["ranks_per_fold"], s["fold_mode"])
+    if s["budget"] < 1:
+        raise UsageError(f"search.budget must be at least 1, got {s['budget']}")
+    obj = objective.parse(config)
+    defaults = {}
+    n_events = None
+    if "callable" not in obj:
+        if not config["model"]:
+            raise UsageError("no model given: set 'model' (or a search.objective.function)")
+        defaults = {**default_hparams(config["model"]), **config["hparams"]}
+        task = load_builder(config["model"])(defaults)
+        from .data.hdf5 import EventFiles
+        from .train.engine import expand_files, logged_metrics
+
+        names = logged_metrics(task, config)
+        if obj["metric"] not in names:
+            raise UsageError(f"search.objective.metric '{obj['metric']}' is never logged by "
+                             f"this model and config (logged: {', '.join(sorted(names))})")
+        files = EventFiles(expand_files(config["data"]["files"]), task.keys, task.optional_keys)
+        if hasattr(task, "check_files"):
+            task.check_files(files)
+        test = set(map(os.path.abspath, expand_files(s["test_files"])))
+        overlap = test & set(map(os.path.abspath, files.paths))
+        if overlap:
+            raise UsageError(f"test file(s) in data.files: {', '.join(sorted(overlap))}; the "
+                             "test files must never enter the search")
+        n_events = len(files)
+    space = Space.from_config(s["space"], defaults)
+    make_searcher(s["searcher"], space, s["seed"], **s["options"])
+    output = config["output"] or "runs/hpo"
+    journal = os.path.join(output, "journal.jsonl")
+    if os.path.exists(journal) and not resume:
+        raise UsageError(f"{output} already holds a sweep: use --resume, or another --output")
+    os.makedirs(output, exist_ok=True)
+    dump(config, os.path.join(output, "config.yaml"))
+    return {"output": output, "n_events": n_events}
+
+
+def run_block(config: dict, role, world, info: dict) -> None:
+    """Every non-coordinator rank: take trials from the coordinator until told to stop."""
+    from .hpo import objective
+
+    s = config["search"]
+    obj = objective.parse(config)
+    block_comm = world.Split(role.block, role.block_rank)
+    workers = world.Split(1, world.Get_rank())  # everyone but the coordinator (color 0)
+    local = workers.Split_type(mcomm.mpi().COMM_TYPE_SHARED, key=workers.Get_rank())
+    if s["fold_mode"] == "parallel":
+        fold_comm = block_comm.Split(role.fold_group, role.fold_rank)
+        my_folds = [role.fold_group]
+    else:
+        fold_comm = block_comm
+        my_folds = list(range(s["folds"]))
+    # device binding follows the node-local rank among all workers, not within a fold
+    ctx = mcomm.Context(comm=fold_comm, local_comm=local)
+    result = None
+    while True:
+        trial = None
+        if role.block_rank == 0:
+            world.send({"block": role.block, "result": result}, dest=0, tag=TAG_BLOCK)
+            trial = world.recv(source=0, tag=TAG_TRIAL)
+        trial = block_comm.bcast(trial, root=0)
+        if trial is None:
+            return
+        folds = []
+        for fold in my_folds:
+            out = os.path.join(info["output"], "trials", trial["key"], f"fold{fold}")
+            on_epoch = _reporter(world, fold_comm, obj, trial["key"], fold) \
+                if s["scheduler"] != "none" and "metric" in obj else None
+            r = objective.run_fold(config, trial["params"], fold, ctx, out, obj,
+                                   info["n_events"], on_epoch)
+            folds.append({"fold": fold, **r})
+        # the block leader collects every fold leader's results
+        gathered = block_comm.gather(folds if fold_comm.Get_rank() == 0 else [], root=0)
+        if role.block_rank == 0:
+            flat = sorted((f for part in gathered for f in part), key=lambda f: f["fold"])
+            result = {"folds": flat, "wall": max(f["wall"] for f in flat)}
+
+
+def _reporter(world, fold_comm, obj, key, fold):
+    """Per-epoch callback: the fold leader asks the coordinator whether to go on."""
+
+    def report(record):
+        stop = False
+        if fold_comm.Get_rank() == 0 and record.get(obj["metric"]) is not None:
+            world.send({"key": key, "fold": fold, "epoch": record["epoch"],
+                        "value": float(record[obj["metric"]])}, dest=0, tag=TAG_PROGRESS)
+            stop = world.recv(source=0, tag=TAG_VERDICT)
+        return fold_comm.bcast(stop, root=0)
+
+    return report
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m mpilearn.optimize", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", required=True, help="sweep config (YAML): training keys + 'search'")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--output", help="run directory (overrides 'output')")
+    p.add_argument("--resume", action="store_true", help="continue the sweep in the run directory")
+    p.add_argument("--no-progress", action="store_true")
+    args = p.parse_args(argv)
+    ctx = mcomm.init()
+    world = ctx.comm
+    try:
+        from .config import hpo_schema, resolve
+
+        sets = list(args.set) + ([f"output={args.output}"] if args.output else [])
+        config = resolve(args.config, sets, schema=hpo_schema(), require_model=False)
+        info = world.bcast(check_on_root(world, prepare, config, world.Get_size(), args.resume), root=0)
+    except UsageError as err:
+        if ctx.rank == 0:
+            sys.stderr.write(f"mpilearn: error: {err}\n")
+        return 2
+    s = config["search"]
+    role = layout.role(world.Get_rank(), world.Get_size(), s["blocks"], s["folds"],
+                       s["ranks_per_fold"], s["fold_mode"])
+    if role.coordinator:
+        world.Split(mcomm.mpi().UNDEFINED, 0)  # block communicators: not ours
+        world.Split(0, 0)                       # the workers' communicator: not ours
+        from .hpo.journal import Journal
+        from .hpo.searchers import make_searcher
+        from .hpo.space import Space
+        from .models import default_hparams
+
+        journal = Journal(os.path.join(info["output"], "journal.jsonl"))
+        state = journal.replay()
+        defaults = {**default_hparams(config["model"]), **config["hparams"]} if config["model"] else {}
+        searcher = make_searcher(s["searcher"], Space.from_config(s["space"], defaults), s["seed"],
+                                 **s["options"])
+        coordinator = Coordinator(world, config, searcher, journal, state, s["blocks"],
+                                  progress=not args.no_progress)
+        state = coordinator.run()
+        done = [r for r in state.finished.values() if r["status"] == "done"]
+        best = min(done, key=lambda r: r["value"]) if done else None
+        print(f"mpilearn: sweep finished: {len(state.finished)} trials "
+              f"({len(done)} done, {len(state.finished) - len(done)} failed)"
+              + (f"; best {best['value']:.5g} with {best['params']}" if best else "")
+              + f"; results in {info['output']}", flush=True)
+    else:
+        run_block(config, role, world, info)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,216 @@
+"""Hyperparameter search: layout, spaces, searcher quality, real sweeps under mpirun."""
+import csv
+import json
+import os
+import signal
+import subprocess
+import time
+
+import numpy as np
+import pytest
+import yaml
+
+from conftest import ENV, REPO, TESTS, mpirun, mpirun_cmd
+from mpilearn.comm import UsageError
+from mpilearn.hpo import benchmarks, layout
+from mpilearn.hpo.searchers import make_searcher
+from mpilearn.hpo.space import Space, apply, trial_key
+from mpilearn.io import read_jsonl
+
+
+def test_layout_is_a_pure_function_with_helpful_errors():
+    r = layout.role(4, 9, 2, 2, 2, "parallel")
+    assert (r.block, r.block_rank, r.fold_group, r.fold_rank) == (0, 3, 1, 1)
+    assert layout.role(0, 9, 2, 2, 2, "parallel").coordinator
+    assert layout.role(6, 9, 4, 2, 2, "sequential").block == 2
+    with pytest.raises(UsageError, match=r"np=4 does not fit.*needs np=5; valid np for this block shape: 3, 5, 7"):
+        layout.check(4, 2, 2, 1, "parallel")
+
+
+def test_space_encoding_and_validation():
+    space = Space.from_config({"lr": {"type": "real", "low": 1e-4, "high": 1e-1, "log": True},
+                               "n": {"type": "int", "low": 2, "high": 5},
+                               "opt": {"type": "categorical", "choices": ["adam", "sgd"]}},
+                              defaults={"n": 3})
+    assert space.params[1].default == 3
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        p = space.sample(rng)
+        assert 1e-4 <= p["lr"] <= 1e-1 and p["n"] in (2, 3, 4, 5) and p["opt"] in ("adam", "sgd")
+        assert isinstance(p["n"], int)
+        back = space.decode(space.encode(p))
+        assert back["n"] == p["n"] and back["opt"] == p["opt"]
+        assert back["lr"] == pytest.approx(p["lr"])
+    assert trial_key({"a": 1, "b": 0.5}) == trial_key({"b": 0.5, "a": 1}) != trial_key({"a": 2, "b": 0.5})
+    assert apply({"w": [3, 0.1], "lr": 1}, {"w.1": 0.5, "lr": 2}) == {"w": [3, 0.5], "lr": 2}
+    for bad, msg in [({"x": {"type": "real", "low": 1, "high": 1}}, "empty or inverted range"),
+                     ({"x": {"type": "real", "low": 2, "high": 1}}, "empty or inverted range"),
+                     ({"x": {"type": "real", "low": 0, "high": 1, "log": True}}, "log range needs low > 0"),
+                     ({"x": {"type": "float", "low": 0, "high": 1}}, "search.space.x.type"),
+                     ({"x": {"type": "categorical", "choices": []}}, "non-empty list")]:
+        with pytest.raises(UsageError, match=msg):
+            Space.from_config(bad)
+
+
+def regret_after(name, func, best, searcher, seed, n=30, **opts):
+    space = Space.from_config(benchmarks.space(name))
+    s = make_searcher(searcher, space, seed, **opts)
+    found = np.inf
+    for _ in range(n):
+        p = s.ask()
+        v = func(p)
+        s.tell(p, v)
+        found = min(found, v)
+    return found - best
+
+
+@pytest.mark.parametrize("name,func,best", [
+    ("branin", benchmarks.branin, benchmarks.BRANIN_MIN),
+    ("hartmann6", benchmarks.hartmann6, benchmarks.HARTMANN6_MIN),
+])
+def test_gp_and_evolution_beat_random(name, func, best):
+    seeds = range(5)
+    rand = np.median([regret_after(name, func, best, "random", s) for s in seeds])
+    gp = np.median([regret_after(name, func, best, "gp", s, n_initial=8) for s in seeds])
+    evo = np.median([regret_after(name, func, best, "evolution", s, population=8) for s in seeds])
+    assert gp < rand, (gp, rand)
+    assert evo < rand, (evo, rand)
+
+
+def sweep_config(tmp_path, **search):
+    cfg = {"output": str(tmp_path / "sweep"),
+           "search": {"searcher": "random", "budget": 6, "blocks": 2, "folds": 1, **search}}
+    path = tmp_path / "hpo.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def optimize(np_, config, *extra, timeout=600):
+    return mpirun(np_, ["-m", "mpilearn.optimize", "--config", str(config), "--no-progress", *extra],
+                  timeout=timeout, env={"PYTHONPATH": TESTS})
+
+
+def test_failures_are_recorded_and_the_sweep_goes_on(tmp_path):
+    cfg = sweep_config(tmp_path, budget=12, objective={"function": "objectives:fragile"},
+                       space={"x": {"type": "real", "low": 0, "high": 1}})
+    proc = optimize(3, cfg)
+    assert proc.returncode == 0, proc.stderr
+    rows = [r for r in read_jsonl(str(tmp_path / "sweep" / "journal.jsonl")) if r["event"] in ("done", "failed")]
+    assert len(rows) == 12
+    failed = [r for r in rows if r["event"] == "failed"]
+    reasons = " ".join(r["reason"] for r in failed)
+    assert "builder exploded" in reasons and "objective is nan" in reasons
+    assert any(r["event"] == "done" for r in rows)
+
+
+def test_kill9_mid_sweep_then_resume(tmp_path):
+    cfg = sweep_config(tmp_path, budget=10, searcher="gp", options={"n_initial": 3},
+                       objective={"function": "objectives:slow_quadratic"},
+                       space={"x": {"type": "real", "low": 0, "high": 1}})
+    journal = tmp_path / "sweep" / "journal.jsonl"
+    args = ["-m", "mpilearn.optimize", "--config", str(cfg), "--no-progress"]
+    job = subprocess.Popen(mpirun_cmd(3, args), cwd=REPO, env={**ENV, "PYTHONPATH": TESTS},
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if journal.exists() and sum(r["event"] == "done" for r in read_jsonl(str(journal))) >= 3:
+            break
+        time.sleep(0.05)
+    os.killpg(job.pid, signal.SIGKILL)
+    job.wait()
+    before = read_jsonl(str(journal))
+    done_before = {r["key"] for r in before if r["event"] == "done"}
+    assert 3 <= len(done_before) < 10
+    proc = optimize(3, cfg, "--resume")
+    assert proc.returncode == 0, proc.stderr
+    events = read_jsonl(str(journal))
+    finished = [r for r in events if r["event"] in ("done", "failed")]
+    keys = [r["key"] for r in finished]
+    assert len(keys) == 10 and len(set(keys)) == 10  # exactly the budget, nothing twice
+    assert done_before <= set(keys)
+    for key in done_before:  # a finished trial never started again
+        assert sum(r["event"] == "started" and r["key"] == key for r in events) == 1
+
+
+def test_real_sweep_of_the_supervised_model(toy_file, tmp_path):
+    cfg = {"model": f"{REPO}/models/mlp.py", "data": {"files": [toy_file]},
+           "train": {"epochs": 2, "batch_size": 32}, "output": str(tmp_path / "sweep"),
+           "search": {"searcher": "gp", "budget": 4, "blocks": 2, "folds": 2, "ranks_per_fold": 1,
+                      "options": {"n_initial": 2},
+                      "objective": {"metric": "val_loss", "mode": "best"},
+                      "space": {"lr": {"type": "real", "low": 1e-3, "high": 0.1, "log": True},
+                                "hidden": {"type": "int", "low": 4, "high": 32},
+                                "optimizer": {"type": "categorical", "choices": ["adam", "sgd"]}}}}
+    path = tmp_path / "hpo.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    proc = optimize(5, path)
+    assert proc.returncode == 0, proc.stderr
+    done = [r for r in read_jsonl(str(tmp_path / "sweep" / "journal.jsonl")) if r["event"] == "done"]
+    assert len(done) == 4
+    for r in done:
+        assert len(r["fold_values"]) == 2 and r["value"] == pytest.approx(np.mean(r["fold_values"]))
+        for fold in (0, 1):  # each fold its own run directory
+            assert (tmp_path / "sweep" / "trials" / r["key"] / f"fold{fold}" / "metrics.jsonl").exists()
+    proc = mpirun(1, ["-m", "mpilearn.report", str(tmp_path / "sweep")])
+    assert proc.returncode == 0, proc.stderr
+    report = tmp_path / "sweep" / "report"
+    rows = list(csv.DictReader(open(report / "trials.csv")))
+    assert len(rows) == 4 and {"lr", "hidden", "optimizer", "value"} <= set(rows[0])
+    best = json.load(open(report / "best.json"))
+    assert best["best"]["value"] == min(r["value"] for r in done)
+    for png in ("convergence.png", "parameters.png", "utilisation.png"):
+        assert (report / png).stat().st_size > 5000
+
+
+def test_short_sweep_of_the_small_3dgan_on_the_physics_score(tmp_path):
+    from mpilearn.simulate import simulate
+
+    simulate(str(tmp_path / "showers"), 120, "angle", (100, 200), 4, 120, progress=False)
+    cfg = {"model": f"{REPO}/models/gan3d.py", "hparams": {"preset": "small"},
+           "data": {"files": [str(tmp_path / "showers" / "*.h5")]},
+           "train": {"epochs": 1, "batch_size": 8, "max_steps_per_epoch": 2, "validate_every": 1,
+                     "physics_events": 24},
+           "output": str(tmp_path / "sweep"),
+           "search": {"searcher": "random", "budget": 2, "blocks": 1, "folds": 1,
+                      "objective": {"metric": "score"},
+                      "space": {"lr": {"type": "real", "low": 1e-4, "high": 1e-2, "log": True},
+                                "loss_weights.2": {"type": "real", "low": 5, "high": 50}}}}
+    path = tmp_path / "hpo.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    proc = optimize(2, path)
+    assert proc.returncode == 0, proc.stderr
+    done = [r for r in read_jsonl(str(tmp_path / "sweep" / "journal.jsonl")) if r["event"] == "done"]
+    assert len(done) == 2 and all(np.isfinite(r["value"]) and r["value"] > 0 for r in done)
+
+
+def test_trial_time_limit(toy_file, tmp_path):
+    cfg = {"model": f"{TESTS}/models/slow.py", "hparams": {"sleep": 0.2},
+           "data": {"files": [toy_file]}, "train": {"epochs": 5, "batch_size": 16},
+           "output": str(tmp_path / "sweep"),
+           "search": {"searcher": "random", "budget": 2, "blocks": 1, "folds": 1, "trial_timeout": 1.0,
+                      "space": {"lr": {"type": "real", "low": 1e-3, "high": 1e-2}}}}
+    path = tmp_path / "hpo.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    proc = optimize(2, path)
+    assert proc.returncode == 0, proc.stderr
+    failed = [r for r in read_jsonl(str(tmp_path / "sweep" / "journal.jsonl")) if r["event"] == "failed"]
+    assert len(failed) == 2 and all("time limit" in r["reason"] for r in failed)
+
+
+@pytest.mark.parametrize("np_,search,message", [
+    (3, {"space": {"x": {"type": "real", "low": 2, "high": 1}}}, "empty or inverted range"),
+    (3, {"searcher": "bayes"}, "'search.searcher' is 'bayes'"),
+    (4, {}, "np=4 does not fit the layout"),
+    (3, {"objective": {"metric": "val_accuracy"}}, "'val_accuracy' is never logged"),
+])
+def test_bad_sweep_input(toy_file, tmp_path, np_, search, message):
+    base = {"searcher": "random", "budget": 2, "blocks": 2, "folds": 1,
+            "space": {"lr": {"type": "real", "low": 1e-3, "high": 1e-2}}}
+    cfg = {"model": f"{REPO}/models/mlp.py", "data": {"files": [toy_file]},
+           "output": str(tmp_path / "sweep"), "search": {**base, **search}}
+    path = tmp_path / "hpo.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    proc = optimize(np_, path)
+    assert proc.returncode == 2, proc.stderr
+    assert message in proc.stderr and proc.stderr.count("mpilearn: error:") == 1
+    assert not (tmp_path / "sweep" / "journal.jsonl").exists()
