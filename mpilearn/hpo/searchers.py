@@ -45,7 +45,8 @@ class RandomSearcher(Searcher):
 
 
 class GPSearcher(Searcher):
-    """scikit-optimize GP (EI or gp_hedge); parallel suggestions by constant liar (cl_min)."""
+    """scikit-optimize GP (EI or gp_hedge). Batches of suggestions for busy blocks come from
+    one GP fit (top expected improvement, spread apart) instead of constant liar's refits."""
 
     def __init__(self, space, seed=0, acq_func="EI", n_initial=5, **options):
         super().__init__(space, seed)
@@ -58,9 +59,31 @@ class GPSearcher(Searcher):
         self._ys: List[float] = []
 
     def ask_many(self, n: int) -> List[Dict[str, Any]]:
-        xs = self.opt.ask(n_points=n, strategy="cl_min") if n > 1 else [self.opt.ask()]
+        if n == 1 or not self.opt.models:  # one point, or still in the random initial phase
+            xs = self.opt.ask(n_points=n, strategy="cl_min") if n > 1 else [self.opt.ask()]
+        else:
+            xs = self._batch(n)
         self.asked += len(xs)
         return [dict(zip(self.space.names, _plain(x))) for x in xs]
+
+    def _batch(self, n: int, candidates: int = 4000, spread: float = 0.05):
+        """n points from one fitted GP: the best expected-improvement candidates that lie at
+        least ``spread`` apart (in the unit-scaled space). Constant liar would refit the GP
+        once per point; this costs one acquisition evaluation for the whole batch."""
+        from skopt.acquisition import _gaussian_acquisition
+
+        space = self.opt.space
+        cand = space.rvs(n_samples=candidates, random_state=int(self.rng().integers(2 ** 31)))
+        X = space.transform(cand)
+        acq = _gaussian_acquisition(X, self.opt.models[-1], y_opt=float(np.min(self.opt.yi)),
+                                    acq_func="EI")
+        picked: List[int] = []
+        for i in np.argsort(acq):  # most negative = highest expected improvement
+            if all(np.linalg.norm(X[i] - X[j]) / np.sqrt(X.shape[1]) >= spread for j in picked):
+                picked.append(int(i))
+            if len(picked) == n:
+                break
+        return [cand[i] for i in picked]
 
     def ask(self):
         return self.ask_many(1)[0]
