@@ -31,12 +31,6 @@ def init(comm=None, backend: str = "mpi"):
     return ctx
 
 
-def _ctx(comm=None):
-    if comm is not None:
-        return _comm.make_context(comm)
-    return _comm.context()
-
-
 def rank() -> int:
     return _comm.context().rank
 

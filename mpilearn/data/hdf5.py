@@ -150,13 +150,16 @@ class ShardedLoader:
                              f"{self.global_batch} ({local_batch} per rank x {size} ranks)")
 
     def local_indices(self, epoch: int, step: int) -> np.ndarray:
-        order = epoch_order(len(self.events), epoch, self.seed, self.shuffle)
+        if getattr(self, "_order_epoch", None) != epoch:  # one permutation per epoch, not per step
+            self._order = epoch_order(len(self.events), epoch, self.seed, self.shuffle)
+            self._order_epoch = epoch
         start = step * self.global_batch + self.rank * self.local_batch
-        return self.events[order[start:start + self.local_batch]]
+        return self.events[self._order[start:start + self.local_batch]]
 
     def _read(self, epoch: int, step: int) -> dict:
-        batch = self.files.read(self.local_indices(epoch, step))
-        batch["_index"] = self.local_indices(epoch, step)
+        index = self.local_indices(epoch, step)
+        batch = self.files.read(index)
+        batch["_index"] = index
         return self.transform(batch) if self.transform else batch
 
     def batches(self, epoch: int, start_step: int = 0) -> Iterator[dict]:
