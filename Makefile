@@ -67,3 +67,14 @@ $(HVD_STAMP): $(STAMP)
 	$(BIN)/pip install -q cloudpickle psutil pyyaml packaging cffi
 	$(BIN)/python -c "import horovod.torch as hvd; hvd.init(); assert hvd.mpi_built(), 'horovod without MPI'"
 	touch $@
+
+# Benchmarks side by side with the peers; BENCH=--quick for a CI-sized run.
+bench: $(STAMP) $(HVD_STAMP)
+	$(BIN)/pip install -q optuna
+	mpirun -np 2 --oversubscribe $(BIN)/python bench/allreduce_cost.py bench/results/allreduce_cost
+	$(BIN)/python bench/throughput.py $(BENCH) --backends mpi,torch,horovod
+	$(BIN)/python bench/scaling_model.py
+	$(BIN)/python bench/hpo_coordinator.py $(BENCH)
+	$(BIN)/python bench/hpo_quality.py $(BENCH)
+	$(BIN)/python bench/data_loading.py $(BENCH)
+	$(BIN)/python bench/collect.py

@@ -3,7 +3,9 @@
     python bench/throughput.py [--quick] [--out bench/results/throughput]
 
 Each case runs the real CLI under mpirun for 2 epochs and reports the second (the first pays
-for start-up). Same global batch at np=1 and np=2 (the local batch is halved), so samples/s
+for start-up). Supervised cases also run the peer, plain PyTorch DDP with gloo
+(bench/ddp_peer.py), on the same model file and data (its allreduce hides inside backward,
+so only its total and data wait are reported). Same global batch at np=1 and np=2 (the local batch is halved), so samples/s
 compare like for like. Writes JSON and a Markdown table.
 """
 import argparse
@@ -26,14 +28,18 @@ def cases(quick):
     tmp = tempfile.mkdtemp(prefix="mpilearn-bench-")
     toy = write_regression(os.path.join(tmp, "toy.h5"), events=32768)
     showers = os.path.join(tmp, "showers")
-    simulate(showers, 256 if quick else 1024, "angle", (100, 200), 1, 512, progress=False)
+    one = simulate(showers, 256 if quick else 1024, "angle", (100, 200), 1, 4096, progress=False)[0]
     gan = os.path.join(REPO, "models", "gan3d.py")
+    mlp = f"{REPO}/models/mlp.py"
     yield ("mlp (supervised example)", 256, 64 if quick else 0,
-           [f"model={REPO}/models/mlp.py", f"data.files=[{toy}]"])
+           [f"model={mlp}", f"data.files=[{toy}]"], (mlp, toy))
+    calo = f"{REPO}/bench/models/calo_regressor.py"
+    yield ("3DGAN D as energy regressor", 16, 4 if quick else 16,
+           [f"model={calo}", f"data.files=[{one}]"], (calo, one))
     yield ("3DGAN small preset", 32, 4 if quick else 16,
-           [f"model={gan}", f"data.files=[{showers}/*.h5]", "hparams.preset=small"])
+           [f"model={gan}", f"data.files=[{showers}/*.h5]", "hparams.preset=small"], None)
     yield ("3DGAN full angle model", 4, 1 if quick else 3,
-           [f"model={gan}", f"data.files=[{showers}/*.h5]", "hparams.preset=full"])
+           [f"model={gan}", f"data.files=[{showers}/*.h5]", "hparams.preset=full"], None)
 
 
 def run(np_, global_batch, steps, sets, backend):
@@ -56,6 +62,23 @@ def run(np_, global_batch, steps, sets, backend):
             "time_per_rank": last["time_per_rank"]}
 
 
+def run_ddp(np_, global_batch, steps, peer):
+    """The same supervised model and data under plain PyTorch DDP (bench/ddp_peer.py)."""
+    out = tempfile.mktemp(suffix=".json")
+    steps = steps or 64
+    args = ["mpirun", "-np", str(np_), "--oversubscribe", sys.executable,
+            os.path.join(REPO, "bench", "ddp_peer.py"), peer[0], peer[1], str(global_batch), str(steps), out]
+    proc = subprocess.run(args, capture_output=True, text=True, env=ENV, cwd=REPO)
+    if proc.returncode:
+        raise RuntimeError(proc.stderr[-3000:])
+    r = json.load(open(out))
+    ms = r["per_step_ms"]
+    return {"np": np_, "backend": "ddp (peer)", "global_batch": global_batch, "steps": steps,
+            "samples_per_s": r["samples_per_s"],
+            "per_step_ms": {"compute": ms["seconds"] - ms["data"], "allreduce": float("nan"),
+                            "data": ms["data"], "seconds": ms["seconds"]}}
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--quick", action="store_true")
@@ -63,10 +86,10 @@ def main():
     p.add_argument("--out", default=os.path.join(REPO, "bench", "results", "throughput"))
     a = p.parse_args()
     rows = []
-    for name, gb, steps, sets in cases(a.quick):
-        for backend in a.backends.split(","):
+    for name, gb, steps, sets, peer in cases(a.quick):
+        for backend in a.backends.split(",") + (["ddp"] if peer else []):
             for np_ in (1, 2):
-                r = run(np_, gb, steps, sets, backend)
+                r = run_ddp(np_, gb, steps, peer) if backend == "ddp" else run(np_, gb, steps, sets, backend)
                 r["case"] = name
                 rows.append(r)
                 print(f"{name:28s} np={np_} {backend:6s} {r['samples_per_s']:9.2f} samples/s", flush=True)

@@ -30,5 +30,3 @@ class HorovodBackend:
     def wait(self, handle) -> None:
         self.hvd.synchronize(handle[0])
 
-    def progress(self, handles) -> None:
-        pass  # horovod's background thread progresses

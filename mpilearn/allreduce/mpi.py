@@ -1,9 +1,18 @@
-"""mpi4py transport: non-blocking MPI_Iallreduce directly on the tensor's memory.
+"""mpi4py transport: MPI_Allreduce directly on the tensor's memory.
 
 CPU tensors are handed to MPI as numpy views (no copy). CUDA tensors go to MPI directly
 when the library is CUDA-aware, otherwise they are staged through host memory.
+
+By default a bucket's reduction is a *blocking* MPI_Allreduce issued when the optimizer
+synchronises: measured here (Open MPI 5, np=2, 5.4 MB), MPI_Iallreduce + Wait took 13.9 ms
+against 1.1 ms for MPI_Allreduce, because Open MPI's non-blocking collectives use a slower
+algorithm and make no progress outside MPI calls, so they bought no overlap. With an MPI
+that progresses asynchronously, ``MPILEARN_MPI_NONBLOCKING=1`` starts each bucket with
+MPI_Iallreduce from the gradient hook instead.
 """
 from __future__ import annotations
+
+import os
 
 import torch
 
@@ -25,9 +34,12 @@ def cuda_aware() -> bool:
 class MPIBackend:
     name = "mpi"
 
-    def __init__(self, comm):
+    def __init__(self, comm, nonblocking=None):
         self.comm = comm
         self._cuda_aware = None
+        if nonblocking is None:
+            nonblocking = os.environ.get("MPILEARN_MPI_NONBLOCKING", "0") == "1"
+        self.nonblocking = nonblocking
 
     def allreduce_async(self, buf: torch.Tensor):
         MPI = mpi()
@@ -43,16 +55,15 @@ class MPIBackend:
         if buf.dtype not in _NATIVE:
             work = work.to(torch.float32)
         target = work.numpy() if not work.is_cuda else work
-        request = self.comm.Iallreduce(MPI.IN_PLACE, target, op=MPI.SUM)
-        return request, buf, work
+        request = self.comm.Iallreduce(MPI.IN_PLACE, target, op=MPI.SUM) if self.nonblocking else None
+        return request, buf, work, target
 
     def wait(self, handle) -> None:
-        request, buf, work = handle
-        request.Wait()
+        request, buf, work, target = handle
+        if request is None:
+            MPI = mpi()
+            self.comm.Allreduce(MPI.IN_PLACE, target, op=MPI.SUM)
+        else:
+            request.Wait()
         if work is not buf:
             buf.copy_(work)
-
-    def progress(self, handles) -> None:
-        """Let MPI advance outstanding requests (Open MPI progresses inside MPI calls)."""
-        if handles:
-            mpi().Request.Testall([h[0] for h in handles])

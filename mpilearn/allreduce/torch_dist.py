@@ -54,5 +54,3 @@ class TorchDistBackend:
         if work is not buf:
             buf.copy_(work)
 
-    def progress(self, handles) -> None:
-        pass  # gloo and NCCL progress on their own threads

@@ -1,0 +1,44 @@
+"""Collects bench/results/*.md into bench/RESULTS.md with the machine and versions."""
+import os
+import platform
+import subprocess
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RES = os.path.join(REPO, "bench", "results")
+SECTIONS = [("throughput", "Data-parallel training throughput (np=1 and 2, same global batch)"),
+            ("allreduce_cost", "Allreduce cost per step vs one raw MPI_Allreduce of the same bytes (np=2)"),
+            ("scaling", "Weak-scaling projection for the angle 3DGAN"),
+            ("hpo_coordinator", "HPO coordinator: decision latency and block utilisation"),
+            ("hpo_quality", "HPO quality vs Optuna TPE"),
+            ("data_loading", "Data loading, 51x51x25 format")]
+
+
+def versions():
+    import mpi4py
+    import numpy
+    import torch
+    from mpi4py import MPI
+
+    return (f"Python {platform.python_version()}, torch {torch.__version__}, numpy {numpy.__version__}, "
+            f"mpi4py {mpi4py.__version__}, {MPI.Get_library_version().splitlines()[0].strip()}")
+
+
+def main():
+    cpu = subprocess.run("lscpu | grep 'Model name' | cut -d: -f2", shell=True, capture_output=True,
+                         text=True).stdout.strip() or platform.processor()
+    lines = ["# Benchmark results", "",
+             f"Machine: {cpu}, {os.cpu_count()} cores, {platform.system()} {platform.release()}; "
+             f"shared and noisy: compare ratios within one table, not across runs.", "",
+             f"Versions: {versions()}", "", f"Collected {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} "
+             "by `make bench` (scripts in bench/, raw JSON in bench/results/).", ""]
+    for name, title in SECTIONS:
+        path = os.path.join(RES, name + ".md")
+        lines += [f"## {title}", ""]
+        lines += [open(path).read().rstrip(), ""] if os.path.exists(path) else ["(not run)", ""]
+    open(os.path.join(REPO, "bench", "RESULTS.md"), "w").write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

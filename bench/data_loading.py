@@ -1,0 +1,71 @@
+"""Reading the 51x51x25 format: mpilearn's dataset (event-level shuffling + prefetch thread)
+vs raw h5py slicing of consecutive events, for gzip and uncompressed files.
+
+    python bench/data_loading.py [--quick] [--out bench/results/data_loading]
+"""
+import argparse
+import json
+import os
+import tempfile
+import time
+
+import h5py
+import numpy as np
+
+from mpilearn.data.hdf5 import EventFiles, ShardedLoader
+from mpilearn.simulate import simulate
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def raw(path, batch):
+    t = time.perf_counter()
+    n = 0
+    with h5py.File(path) as f:
+        ds = f["ECAL"]
+        for start in range(0, len(ds) - batch + 1, batch):
+            n += len(ds[start:start + batch])
+    return n / (time.perf_counter() - t)
+
+
+def ours(path, batch, shuffle):
+    files = EventFiles([path], ["ECAL", "energy"])
+    loader = ShardedLoader(files, np.arange(len(files)), batch, 0, 1, seed=0, shuffle=shuffle, prefetch=4)
+    t = time.perf_counter()
+    n = sum(len(b["ECAL"]) for b in loader.batches(0))
+    return n / (time.perf_counter() - t)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--out", default=os.path.join(REPO, "bench", "results", "data_loading"))
+    a = ap.parse_args()
+    events = 512 if a.quick else 2048
+    tmp = tempfile.mkdtemp()
+    gz = simulate(os.path.join(tmp, "gz"), events, "angle", (100, 200), 0, events, progress=False)[0]
+    plain = os.path.join(tmp, "plain.h5")
+    with h5py.File(gz) as src, h5py.File(plain, "w") as dst:
+        for k in src:
+            dst[k] = src[k][:]
+    rows = []
+    for label, path in (("gzip", gz), ("uncompressed", plain)):
+        for batch in (16, 64):
+            r = raw(path, batch)
+            for shuffle in (False, True):
+                o = ours(path, batch, shuffle)
+                rows.append({"format": label, "batch": batch, "shuffle": shuffle,
+                             "raw_events_per_s": r, "mpilearn_events_per_s": o, "ratio": o / r})
+                print(json.dumps(rows[-1]), flush=True)
+    os.makedirs(os.path.dirname(a.out), exist_ok=True)
+    json.dump(rows, open(a.out + ".json", "w"), indent=2)
+    md = ["| format | batch | mpilearn shuffled | raw h5py (consecutive) events/s | mpilearn events/s | ratio |",
+          "|---|---|---|---|---|---|"]
+    md += [f"| {r['format']} | {r['batch']} | {r['shuffle']} | {r['raw_events_per_s']:.0f} | "
+           f"{r['mpilearn_events_per_s']:.0f} | {r['ratio']:.2f} |" for r in rows]
+    open(a.out + ".md", "w").write("\n".join(md) + "\n")
+    print("\n".join(md))
+
+
+if __name__ == "__main__":
+    main()
