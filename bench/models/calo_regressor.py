@@ -14,11 +14,13 @@ from mpilearn.train import SupervisedTask  # noqa: E402
 class Regressor(torch.nn.Module):
     def __init__(self):
         super().__init__()
-        _, self.d = gan3d.angle_models(bn=True, dropout=0.0)
+        _, d = gan3d.angle_models(bn=True, dropout=0.0)
+        self.body, self.energy = d.body, d.aux  # no unused heads: DDP rejects them
 
     def forward(self, ecal):
         x = ecal.unsqueeze(1).clamp_min(0) ** 0.85
-        return self.d(x)[1]  # the energy head (E/100)
+        h = self.body(x).permute(0, 2, 3, 4, 1).flatten(1)
+        return self.energy(h).squeeze(1)  # E/100
 
 
 def build(hparams):
