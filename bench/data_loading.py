@@ -12,6 +12,7 @@ import time
 import h5py
 import numpy as np
 
+from common import write
 from mpilearn.data.hdf5 import EventFiles, ShardedLoader
 from mpilearn.simulate import simulate
 
@@ -57,14 +58,11 @@ def main():
                 rows.append({"format": label, "batch": batch, "shuffle": shuffle,
                              "raw_events_per_s": r, "mpilearn_events_per_s": o, "ratio": o / r})
                 print(json.dumps(rows[-1]), flush=True)
-    os.makedirs(os.path.dirname(a.out), exist_ok=True)
-    json.dump(rows, open(a.out + ".json", "w"), indent=2)
     md = ["| format | batch | mpilearn shuffled | raw h5py (consecutive) events/s | mpilearn events/s | ratio |",
           "|---|---|---|---|---|---|"]
     md += [f"| {r['format']} | {r['batch']} | {r['shuffle']} | {r['raw_events_per_s']:.0f} | "
            f"{r['mpilearn_events_per_s']:.0f} | {r['ratio']:.2f} |" for r in rows]
-    open(a.out + ".md", "w").write("\n".join(md) + "\n")
-    print("\n".join(md))
+    write(a.out, rows, md)
 
 
 if __name__ == "__main__":

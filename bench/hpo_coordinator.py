@@ -21,6 +21,7 @@ import time
 
 import numpy as np
 
+from common import write
 from mpilearn.hpo.searchers import Prefetcher, make_searcher
 from mpilearn.hpo.space import Space
 
@@ -128,8 +129,6 @@ def main():
     sweeps = [simulated_sweep(name, 64, 128 if a.quick else 500) for name in ("random", "evolution", "gp")]
     for s in sweeps:
         print(json.dumps(s), flush=True)
-    os.makedirs(os.path.dirname(a.out), exist_ok=True)
-    json.dump({"latency": rows, "sweeps": sweeps}, open(a.out + ".json", "w"), indent=2)
     md = ["| searcher | observations | decision p50 (ms) | decision p95 (ms) | thread: tell + 8 asks (s) | random fallbacks |",
           "|---|---|---|---|---|---|"]
     md += [f"| {r['searcher']} | {r['observations']} | {r['p50_ms']:.2f} | {r['p95_ms']:.2f} | "
@@ -138,8 +137,7 @@ def main():
            "|---|---|---|---|---|---|"]
     md += [f"| {s['searcher']} | {s['blocks']} | {s['trials']} | {s['utilisation_mean']:.4f} | "
            f"{s['utilisation_min']:.4f} | {s['fallback_fraction']:.0%} |" for s in sweeps]
-    open(a.out + ".md", "w").write("\n".join(md) + "\n")
-    print("\n".join(md))
+    write(a.out, {"latency": rows, "sweeps": sweeps}, md)
 
 
 if __name__ == "__main__":

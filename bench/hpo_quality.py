@@ -4,11 +4,11 @@ for mpilearn gp, evolution and random, and Optuna's default TPE sampler (bench-o
     python bench/hpo_quality.py [--quick] [--out bench/results/hpo_quality]
 """
 import argparse
-import json
 import os
 
 import numpy as np
 
+from common import write
 from mpilearn.hpo import benchmarks
 from mpilearn.hpo.searchers import make_searcher
 from mpilearn.hpo.space import Space
@@ -19,38 +19,42 @@ PROBLEMS = {"branin": (benchmarks.branin, benchmarks.BRANIN_MIN, "branin"),
             "noisy_branin": (benchmarks.noisy_branin, benchmarks.BRANIN_MIN, "branin")}
 
 
-def curve_ours(name, problem, seed, n):
-    func, best, space_name = PROBLEMS[problem]
-    s = make_searcher(name, Space.from_config(benchmarks.space(space_name)), seed, n_initial=8, population=8)
+def curve(problem, n, ask, tell):
+    """Best-so-far regret of the true (noise-free) value, for any ask/tell pair."""
+    func, best, _ = PROBLEMS[problem]
     found, out = np.inf, []
     for _ in range(n):
-        p = s.ask()
+        handle, p = ask()
         v = func(p)
-        s.tell(p, v)
-        # regret of the true (noise-free) value of the best point found
-        true = benchmarks.branin(p) if problem == "noisy_branin" else v
-        found = min(found, true)
+        tell(handle, v)
+        found = min(found, benchmarks.branin(p) if problem == "noisy_branin" else v)
         out.append(found - best)
     return out
+
+
+def curve_ours(name, problem, seed, n):
+    space = Space.from_config(benchmarks.space(PROBLEMS[problem][2]))
+    s = make_searcher(name, space, seed, n_initial=8, population=8)
+
+    def ask():
+        p = s.ask()
+        return p, p
+
+    return curve(problem, n, ask, s.tell)
 
 
 def curve_optuna(problem, seed, n):
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    func, best, space_name = PROBLEMS[problem]
-    spec = benchmarks.space(space_name)
-    found, out = np.inf, []
+    spec = benchmarks.space(PROBLEMS[problem][2])
     study = optuna.create_study(sampler=optuna.samplers.TPESampler(seed=seed))
-    for _ in range(n):
+
+    def ask():
         trial = study.ask()
-        p = {k: trial.suggest_float(k, v["low"], v["high"]) for k, v in spec.items()}
-        v = func(p)
-        study.tell(trial, v)
-        true = benchmarks.branin(p) if problem == "noisy_branin" else v
-        found = min(found, true)
-        out.append(found - best)
-    return out
+        return trial, {k: trial.suggest_float(k, v["low"], v["high"]) for k, v in spec.items()}
+
+    return curve(problem, n, ask, study.tell)
 
 
 def main():
@@ -66,14 +70,12 @@ def main():
                       for s in seeds]
             results[(problem, name)] = np.median(np.array(curves), axis=0)
             print(problem, name, f"median regret after {n}: {results[(problem, name)][-1]:.4g}", flush=True)
-    os.makedirs(os.path.dirname(a.out), exist_ok=True)
-    json.dump({f"{p}/{s}": c.tolist() for (p, s), c in results.items()}, open(a.out + ".json", "w"))
     md = [f"| problem | gp | evolution | random | optuna TPE |  (median regret after {n} evaluations, {len(seeds)} seeds)",
           "|---|---|---|---|---|"]
     for problem in PROBLEMS:
         md.append(f"| {problem} | " + " | ".join(f"{results[(problem, s)][-1]:.4g}"
                                               for s in ("gp", "evolution", "random", "optuna-tpe")) + " |")
-    open(a.out + ".md", "w").write("\n".join(md) + "\n")
+    write(a.out, {f"{p}/{s}": c.tolist() for (p, s), c in results.items()}, md)
     import matplotlib
 
     matplotlib.use("Agg")
@@ -87,7 +89,6 @@ def main():
         ax.legend()
     fig.tight_layout()
     fig.savefig(a.out + ".png", dpi=80)
-    print("\n".join(md))
 
 
 if __name__ == "__main__":

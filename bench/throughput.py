@@ -16,6 +16,8 @@ import subprocess
 import sys
 import tempfile
 
+from common import write
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
        "TQDM_DISABLE": "1"}
@@ -93,17 +95,14 @@ def main():
                 r["case"] = name
                 rows.append(r)
                 print(f"{name:28s} np={np_} {backend:6s} {r['samples_per_s']:9.2f} samples/s", flush=True)
-    os.makedirs(os.path.dirname(a.out), exist_ok=True)
     meta = {"machine": f"{platform.machine()} {os.cpu_count()} cores", "python": platform.python_version()}
-    json.dump({"meta": meta, "rows": rows}, open(a.out + ".json", "w"), indent=2)
     lines = ["| case | np | backend | global batch | samples/s | ms/step compute | allreduce | data wait |",
              "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         s = r["per_step_ms"]
         lines.append(f"| {r['case']} | {r['np']} | {r['backend']} | {r['global_batch']} | "
                      f"{r['samples_per_s']:.2f} | {s['compute']:.1f} | {s['allreduce']:.1f} | {s['data']:.1f} |")
-    open(a.out + ".md", "w").write("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write(a.out, {"meta": meta, "rows": rows}, lines)
 
 
 if __name__ == "__main__":

@@ -42,11 +42,6 @@ class Context:
     def local_size(self) -> int:
         return self.local_comm.Get_size()
 
-    def sub(self, color: int, key: Optional[int] = None) -> "Context":
-        """A context on a sub-communicator (HPO blocks, folds)."""
-        comm = self.comm.Split(color, self.rank if key is None else key)
-        return make_context(comm, self.device)
-
 
 _CONTEXT: Optional[Context] = None
 _HOOK_INSTALLED = False

@@ -1,0 +1,15 @@
+"""Shared by the bench scripts: where results go and how they are written."""
+import json
+import os
+
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+
+
+def write(out: str, data, markdown: list) -> None:
+    """OUT.json (raw numbers) and OUT.md (the table), and the table on stdout."""
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    with open(out + ".json", "w") as f:
+        json.dump(data, f, indent=2)
+    with open(out + ".md", "w") as f:
+        f.write("\n".join(markdown) + "\n")
+    print("\n".join(markdown))
