@@ -72,6 +72,15 @@ def init(comm=None) -> Context:
     return _CONTEXT
 
 
+def check_launch(ctx: Context) -> str:
+    """Checks that MPI agrees with the launcher (UsageError if not); returns a log line."""
+    from . import launcher
+
+    launch = launcher.detect()
+    launcher.check(launch, ctx.rank, ctx.size)
+    return f"mpilearn: launcher {launch.describe()}; {ctx.local_size} rank(s) on this node"
+
+
 def context() -> Context:
     if _CONTEXT is None:
         raise RuntimeError("mpilearn.init() has not been called")
@@ -145,9 +154,18 @@ def cuda_device_count() -> int:
         return 0
 
 
+def gpus_are_per_task(ctx: Context) -> bool:
+    """True when the launcher gave every rank on this node its own GPU set
+    (``srun --gpus-per-task``/``--gpu-bind``): CUDA_VISIBLE_DEVICES differs between them."""
+    mine = os.environ.get("CUDA_VISIBLE_DEVICES")
+    sets = ctx.local_comm.allgather(mine)
+    return ctx.local_size > 1 and None not in sets and len(set(sets)) == len(sets)
+
+
 def choose_device(ctx: Context, want: str = "auto", allow_shared_gpus: bool = False,
-                  n_gpus: Optional[int] = None) -> str:
-    """One process per GPU: the node-local rank selects ``cuda:local_rank``.
+                  n_gpus: Optional[int] = None, per_task: bool = False) -> str:
+    """One process per GPU: the node-local rank selects ``cuda:local_rank``, or ``cuda:0``
+    when the launcher already gave each rank its own GPU (``per_task``).
 
     More ranks per node than GPUs is an error unless ``allow_shared_gpus``; on CPU, torch uses
     cores / ranks-per-node threads so that ranks do not fight over cores.
@@ -157,6 +175,8 @@ def choose_device(ctx: Context, want: str = "auto", allow_shared_gpus: bool = Fa
         return "cpu"
     if n_gpus == 0:
         raise UsageError(f"device.type is '{want}' but no CUDA device is visible to this rank")
+    if per_task:
+        return "cuda:0"
     if ctx.local_size > n_gpus and not allow_shared_gpus:
         raise UsageError(
             f"{ctx.local_size} ranks on this node but only {n_gpus} GPU(s) visible: "

@@ -29,3 +29,8 @@ def test_more_ranks_than_gpus_says_which_flag_to_change():
 def test_init_without_launcher():
     ctx = comm.init()
     assert (ctx.rank, ctx.size, ctx.local_rank, ctx.local_size) == (0, 1, 0, 1)
+
+
+def test_per_task_gpus_use_their_own_device_zero():
+    # srun --gpus-per-task=1: each rank sees one GPU, its own; not "4 ranks share 1 GPU"
+    assert comm.choose_device(FakePlacement(3, 4), "auto", n_gpus=1, per_task=True) == "cuda:0"

@@ -1,10 +1,12 @@
-"""kill -9 mid-epoch, --resume, and the final weights equal an uninterrupted run's."""
+"""kill -9 or a stop signal mid-epoch, resume, and the final weights equal an uninterrupted
+run's."""
 import json
 import os
 import signal
 import subprocess
 import time
 
+import pytest
 import torch
 
 from conftest import ENV, REPO, TESTS, mpirun, mpirun_cmd, train_args
@@ -24,10 +26,16 @@ def final_weights(out):
     return state["task"]["models"]["model"]
 
 
-def test_kill9_then_resume_matches_uninterrupted(toy_file, tmp_path):
-    whole = str(tmp_path / "whole")
-    proc = mpirun(2, args(toy_file, whole))
+@pytest.fixture(scope="module")
+def whole(toy_file, tmp_path_factory):
+    """The uninterrupted run both interrupted runs must reproduce."""
+    out = str(tmp_path_factory.mktemp("whole"))
+    proc = mpirun(2, args(toy_file, out))
     assert proc.returncode == 0, proc.stderr
+    return out
+
+
+def test_kill9_then_resume_matches_uninterrupted(toy_file, tmp_path, whole):
 
     cut = str(tmp_path / "cut")
     job = subprocess.Popen(mpirun_cmd(2, args(toy_file, cut)), cwd=REPO, env=ENV,
@@ -58,3 +66,29 @@ def test_kill9_then_resume_matches_uninterrupted(toy_file, tmp_path):
     # the metrics of the killed epochs were kept and the resumed ones appended
     lines = open(os.path.join(cut, "metrics.jsonl")).read().splitlines()
     assert [json.loads(l)["epoch"] for l in lines] == [1, 2, 3]
+
+
+def test_stop_signal_checkpoints_exits_75_and_resume_auto_matches(toy_file, tmp_path, whole):
+    out = str(tmp_path / "signalled")
+    fresh = mpirun(1, args(toy_file, str(tmp_path / "strict")) + ["--resume"])
+    assert fresh.returncode == 2 and "no checkpoint in" in fresh.stderr  # strict --resume
+    job = subprocess.Popen(mpirun_cmd(2, args(toy_file, out) + ["--resume", "auto"]), cwd=REPO,
+                           env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    metrics = os.path.join(out, "metrics.jsonl")
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not os.path.exists(metrics):
+        time.sleep(0.05)
+    job.send_signal(signal.SIGUSR1)  # mpirun forwards SIGUSR1 to every rank
+    stdout, stderr = job.communicate(timeout=120)
+    assert job.returncode == 75, stderr
+    assert "stop signal (SIGUSR1): checkpoint saved" in stdout
+    stopped = ckpt.load(ckpt.latest(os.path.join(out, "checkpoints")))
+    assert stopped["epoch"] < 3 and stopped["step_in_epoch"] > 0  # mid-epoch, not an epoch end
+
+    proc = mpirun(2, args(toy_file, out) + ["--resume", "auto"])
+    assert proc.returncode == 0, proc.stderr
+    got, want = final_weights(out), final_weights(whole)
+    for k in want:
+        torch.testing.assert_close(got[k], want[k], rtol=0, atol=0)
+    again = mpirun(2, args(toy_file, out) + ["--resume", "auto"])  # a finished run stays finished
+    assert again.returncode == 0 and "done after 3 epoch(s)" in again.stdout

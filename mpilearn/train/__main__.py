@@ -3,6 +3,7 @@
     mpirun -np 4 python -m mpilearn.train --config run.yaml --set train.epochs=10
     python -m mpilearn.train                      # the embedded default job
     mpirun -np 4 python -m mpilearn.train --config run.yaml --output runs/a --resume
+    srun python -m mpilearn.train --config run.yaml --output runs/a --resume auto   # batch jobs
 """
 from __future__ import annotations
 
@@ -34,8 +35,10 @@ config keys (YAML; --set uses dotted names):
 
 outputs in the run directory: config.yaml, metrics.jsonl (one line per epoch),
 checkpoints/ (latest pointer + ckpt-eEEEE-sSSSSSSS.pt).
+signals: SIGTERM or SIGUSR1 on any rank -> checkpoint after the current step, exit 75.
 exit status: 0 done, 1 crash (the failing rank's traceback), 2 bad input,
-3 training stopped by its guard (e.g. the generator emits only empty images).
+3 training stopped by its guard (e.g. the generator emits only empty images),
+75 stopped by a signal with its state saved: requeue and run again with --resume auto.
 """
 
 
@@ -47,8 +50,9 @@ def parse_args(argv=None):
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key, e.g. --set train.epochs=3 (repeatable)")
     p.add_argument("--output", help="run directory (overrides the 'output' key)")
-    p.add_argument("--resume", action="store_true",
-                   help="continue from the latest checkpoint in the run directory")
+    p.add_argument("--resume", nargs="?", const="latest", choices=("latest", "auto"),
+                   help="continue from the latest checkpoint in the run directory; with "
+                        "'auto', start fresh when there is none (requeued batch jobs)")
     p.add_argument("--no-progress", action="store_true", help="no tqdm bar")
     return p.parse_args(argv)
 
@@ -56,10 +60,15 @@ def parse_args(argv=None):
 def main(argv=None) -> int:
     args = parse_args(argv)
     from .. import comm as mcomm
+    from .. import preempt
     from ..config import resolve
 
+    preempt.install()
     ctx = mcomm.init()
     try:
+        line = mcomm.check_launch(ctx)
+        if ctx.rank == 0:
+            print(line, flush=True)
         base = None
         if not args.config:
             from ..defaults import default_config, ensure_data
@@ -71,9 +80,12 @@ def main(argv=None) -> int:
             raise UsageError("--resume needs the run directory: --output DIR")
         from .engine import Trainer
 
-        trainer = Trainer(config, ctx, output=args.output, resume=args.resume,
+        resume = {None: False, "latest": True, "auto": "auto"}[args.resume]
+        trainer = Trainer(config, ctx, output=args.output, resume=resume,
                           progress=not args.no_progress)
         trainer.fit()
+    except preempt.Preempted:
+        return preempt.REQUEUE_EXIT
     except TrainingStopped as stop:
         if ctx.rank == 0:
             sys.stderr.write(f"mpilearn: training stopped: {stop}\n")

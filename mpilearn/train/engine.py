@@ -20,7 +20,8 @@ from .. import comm as mcomm
 from ..comm import UsageError, check_on_root, fail_usage
 from ..config import dump
 from ..data.hdf5 import EventFiles, ShardedLoader, eval_batches, split_events
-from ..io import append_jsonl
+from .. import preempt
+from ..io import append_jsonl, read_jsonl
 from ..models import load_builder
 from . import checkpoint as ckpt
 
@@ -50,9 +51,10 @@ def _open_files(config: dict, task) -> tuple:
 def _check_devices(ctx, config) -> str:
     """Every rank picks its device; any rank's problem is reported once by rank 0."""
     message, device = None, "cpu"
+    per_task = mcomm.gpus_are_per_task(ctx)
     try:
         device = mcomm.choose_device(ctx, config["device"]["type"],
-                                     config["device"]["allow_shared_gpus"])
+                                     config["device"]["allow_shared_gpus"], per_task=per_task)
     except UsageError as err:
         message = f"rank {ctx.rank}: {err}"
     messages = [m for m in ctx.comm.allgather(message) if m]
@@ -66,11 +68,12 @@ def default_output(config: dict) -> str:
 
 
 class Trainer:
-    def __init__(self, config: dict, ctx, output: Optional[str] = None, resume: bool = False,
+    def __init__(self, config: dict, ctx, output: Optional[str] = None, resume=False,
                  progress: bool = True, events: Optional[tuple] = None,
                  deadline: Optional[float] = None):
-        """``events``: explicit (train, validation) event indices (HPO folds); ``deadline``:
-        a time.time() after which training stops with TrainingStopped (HPO trial limits)."""
+        """``resume``: False, True (a checkpoint must exist) or "auto" (continue from one if
+        there is one); ``events``: explicit (train, validation) event indices (HPO folds);
+        ``deadline``: a time.time() after which training stops with TrainingStopped."""
         self.config, self.ctx, self.resume = config, ctx, resume
         self.deadline, self.history = deadline, []
         self.on_epoch = None  # collective callback(record) -> True to stop (HPO schedulers)
@@ -175,6 +178,9 @@ class Trainer:
         path = ckpt.latest(self.ckpt_dir) if self.ctx.rank == 0 else None
         path = self.ctx.comm.bcast(path, root=0)
         if path is None:
+            if self.resume != "auto":
+                raise UsageError(f"--resume: no checkpoint in {self.ckpt_dir} (use --resume auto "
+                                 "to start fresh when there is none)")
             if self.ctx.rank == 0:
                 print(f"mpilearn: no checkpoint in {self.ckpt_dir}; starting fresh", flush=True)
             return
@@ -183,6 +189,7 @@ class Trainer:
         self.epoch, self.step_in_epoch = state["epoch"], state["step_in_epoch"]
         self.global_step, self.acc = state["global_step"], state["acc"]
         self.best, self.bad_epochs = state["best"], state["bad_epochs"]
+        self.history = self.ctx.comm.bcast(self._logged_epochs() if self.ctx.rank == 0 else None)
         rngs = state["rng"]
         if len(rngs) == self.ctx.size:
             ckpt.set_rng_state(rngs[self.ctx.rank])
@@ -193,13 +200,28 @@ class Trainer:
             print(f"mpilearn: resumed from {path} (epoch {self.epoch}, step {self.step_in_epoch})",
                   flush=True)
 
+    def _logged_epochs(self) -> list:
+        """Epoch records of the checkpointed epochs (the last one where an epoch repeats)."""
+        if not os.path.exists(self.metrics_path):
+            return []
+        records = {r["epoch"]: r for r in read_jsonl(self.metrics_path)
+                   if "time" in r and r["epoch"] <= self.epoch}
+        return [records[e] for e in sorted(records)]
+
     # -- the loop ----------------------------------------------------------------------
     def fit(self) -> dict:
-        """Trains to the configured end; a task's TrainingStopped is logged, then re-raised."""
+        """Trains to the configured end. A task's TrainingStopped is logged, a stop signal
+        (Preempted) checkpoints the exact position; both are then re-raised."""
         from .tasks import TrainingStopped
 
         try:
             return self._fit()
+        except preempt.Preempted as stop:
+            self._save()
+            if self.ctx.rank == 0:
+                print(f"mpilearn: {stop}: checkpoint saved at epoch {self.epoch + 1}, step "
+                      f"{self.step_in_epoch}; continue with --resume auto", flush=True)
+            raise
         except TrainingStopped as stop:
             if self.ctx.rank == 0:
                 # the step that raised had run its updates: count it
@@ -223,32 +245,35 @@ class Trainer:
                            file=sys.stderr, dynamic_ncols=True, leave=False)
             self.loader.pop_wait()
             self.task.allreduce_seconds()
-            start = time.perf_counter()
+            self._epoch_start = time.perf_counter()
+            lr = self._set_lr()  # also when a resumed epoch has no steps left
             batches = self.loader.batches(self.epoch, self.step_in_epoch)
-            for batch in batches:
-                if self.step_in_epoch >= self.steps_per_epoch:
-                    break
-                lr = self._set_lr()
-                losses = self.task.train_step(batch)
-                for k, v in losses.items():
-                    self.acc["losses"][k] = self.acc["losses"].get(k, 0.0) + v
-                self.acc["steps"] += 1
-                self.acc["samples"] += self.loader.global_batch
-                self.step_in_epoch += 1
-                self.global_step += 1
+            try:
+                for batch in batches:
+                    if self.step_in_epoch >= self.steps_per_epoch:
+                        break
+                    lr = self._set_lr()
+                    losses = self.task.train_step(batch)
+                    for k, v in losses.items():
+                        self.acc["losses"][k] = self.acc["losses"].get(k, 0.0) + v
+                    self.acc["steps"] += 1
+                    self.acc["samples"] += self.loader.global_batch
+                    self.step_in_epoch += 1
+                    self.global_step += 1
+                    if bar is not None:
+                        bar.update(1)
+                        bar.set_postfix({k: f"{v:.4g}" for k, v in losses.items()}, refresh=False)
+                    self._check_stop()
+                    if (every and self.global_step % every == 0
+                            and self.step_in_epoch < self.steps_per_epoch):
+                        self._account(self._epoch_start)
+                        self._epoch_start = time.perf_counter()
+                        self._save()
+            finally:
+                batches.close()
                 if bar is not None:
-                    bar.update(1)
-                    bar.set_postfix({k: f"{v:.4g}" for k, v in losses.items()}, refresh=False)
-                if self.deadline is not None:
-                    self._check_deadline()
-                if every and self.global_step % every == 0 and self.step_in_epoch < self.steps_per_epoch:
-                    self._account(start)
-                    start = time.perf_counter()
-                    self._save()
-            batches.close()
-            self._account(start)
-            if bar is not None:
-                bar.close()
+                    bar.close()
+            self._account(self._epoch_start)
             record = self._end_epoch(lr)
             last = record
             stopped = self._early_stop(record)
@@ -263,10 +288,17 @@ class Trainer:
                   flush=True)
         return last
 
-    def _check_deadline(self) -> None:
+    def _check_stop(self) -> None:
+        """Collective, after every step: a stop signal on any rank, or the deadline."""
         from .tasks import TrainingStopped
 
-        if self.ctx.comm.allreduce(time.time() > self.deadline, op=mcomm.mpi().LOR):
+        late = self.deadline is not None and time.time() > self.deadline
+        flags = self.ctx.comm.allreduce(int(preempt.requested() is not None) | int(late) << 1,
+                                        op=mcomm.mpi().BOR)
+        if flags & 1:
+            self._account(self._epoch_start)
+            raise preempt.Preempted(f"stop signal ({preempt.describe()})")
+        if flags & 2:
             raise TrainingStopped("the trial ran past its time limit")
 
     def _account(self, start: float) -> None:

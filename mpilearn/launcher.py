@@ -1,0 +1,97 @@
+"""Which launcher started this process, read from its environment before MPI starts.
+
+Detection order (the first that matches wins):
+
+1. Open MPI ``mpirun``/``mpiexec`` (also inside a SLURM allocation): ``OMPI_COMM_WORLD_RANK``,
+   ``_SIZE``, ``_LOCAL_RANK``, ``_LOCAL_SIZE``.
+2. MPICH / Intel MPI Hydra ``mpiexec``: ``PMI_RANK``, ``PMI_SIZE``, ``MPI_LOCALRANKID``,
+   ``MPI_LOCALNRANKS``.
+3. SLURM ``srun`` (PMI-2 or PMIx): ``SLURM_STEP_ID`` with ``SLURM_PROCID``,
+   ``SLURM_STEP_NUM_TASKS``, ``SLURM_LOCALID`` and this node's entry of
+   ``SLURM_STEP_TASKS_PER_NODE``.
+4. Another PMIx launcher: ``PMIX_RANK``.
+5. None: one process (MPI starts as a singleton).
+
+The MPI launchers come before SLURM because ``mpirun`` inside an allocation inherits the
+batch step's ``SLURM_*`` variables, which describe the allocation, not this process.
+MPI itself stays the authority on rank and size; :func:`check` turns the classic mismatch
+(every process a rank 0 of 1, because mpi4py's MPI is not the launcher's) into a clear error.
+The node-local rank comes from a shared-memory split of the communicator (see ``comm``),
+which agrees with the launcher's wherever both exist.
+"""
+from __future__ import annotations
+
+import os
+import re
+import sys
+from dataclasses import dataclass
+from typing import Mapping, Optional
+
+from .comm import UsageError
+
+
+@dataclass(frozen=True)
+class Launch:
+    name: str           # "none", "mpirun", "hydra", "srun", "pmix"
+    rank: int
+    size: Optional[int]  # None where the launcher does not say (bare PMIx)
+    local_rank: Optional[int] = None
+    local_size: Optional[int] = None
+
+    def describe(self) -> str:
+        extra = f" (SLURM job {os.environ['SLURM_JOB_ID']})" if "SLURM_JOB_ID" in os.environ else ""
+        return f"{self.name}, {self.size if self.size is not None else '?'} process(es){extra}"
+
+
+def _int(env: Mapping[str, str], key: str) -> Optional[int]:
+    value = env.get(key)
+    return int(value) if value not in (None, "") else None
+
+
+def tasks_on_node(spec: str, node: int) -> int:
+    """This node's entry of a SLURM tasks-per-node list such as ``2(x3),1``."""
+    counts = []
+    for part in spec.split(","):
+        m = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part.strip())
+        if not m:
+            raise ValueError(f"cannot read SLURM tasks-per-node list {spec!r}")
+        counts += [int(m.group(1))] * int(m.group(2) or 1)
+    return counts[node]
+
+
+def detect(env: Mapping[str, str] = os.environ) -> Launch:
+    if "OMPI_COMM_WORLD_RANK" in env:
+        return Launch("mpirun", _int(env, "OMPI_COMM_WORLD_RANK"), _int(env, "OMPI_COMM_WORLD_SIZE"),
+                      _int(env, "OMPI_COMM_WORLD_LOCAL_RANK"), _int(env, "OMPI_COMM_WORLD_LOCAL_SIZE"))
+    if "PMI_RANK" in env and "PMI_SIZE" in env:
+        return Launch("hydra", _int(env, "PMI_RANK"), _int(env, "PMI_SIZE"),
+                      _int(env, "MPI_LOCALRANKID"), _int(env, "MPI_LOCALNRANKS"))
+    if "SLURM_STEP_ID" in env and "SLURM_PROCID" in env:
+        local_size = None
+        if "SLURM_STEP_TASKS_PER_NODE" in env and "SLURM_NODEID" in env:
+            local_size = tasks_on_node(env["SLURM_STEP_TASKS_PER_NODE"], int(env["SLURM_NODEID"]))
+        size = _int(env, "SLURM_STEP_NUM_TASKS") or _int(env, "SLURM_NTASKS")
+        return Launch("srun", _int(env, "SLURM_PROCID"), size, _int(env, "SLURM_LOCALID"), local_size)
+    if "PMIX_RANK" in env:
+        return Launch("pmix", _int(env, "PMIX_RANK"), None)
+    return Launch("none", 0, 1, 0, 1)
+
+
+def check(launch: Launch, mpi_rank: int, mpi_size: int) -> None:
+    """Raise UsageError when the launcher started N processes but MPI sees a world of 1."""
+    if launch.size and launch.size > 1 and mpi_size == 1:
+        if launch.rank:
+            sys.exit(2)  # every process is a rank 0 now: only the launcher's first one speaks
+        fix = {"srun": "launch with srun --mpi=pmix (or pmi2; see srun --mpi=list), or build "
+                       "mpi4py against the site MPI",
+               "hydra": "use the mpiexec of the MPI that mpi4py was built against",
+               "mpirun": "use the mpirun of the MPI that mpi4py was built against"}
+        raise UsageError(
+            f"{launch.name} started {launch.size} processes but MPI sees a world of 1 in each "
+            f"(process {launch.rank}): mpi4py's MPI library is not the one the launcher speaks "
+            f"to; {fix.get(launch.name, 'check the launcher')}. "
+            "python -c 'import mpi4py.MPI as M; print(M.Get_library_version())' shows which MPI "
+            "mpi4py uses")
+    if launch.size and launch.size == mpi_size and launch.rank != mpi_rank:
+        # harmless for training, but worth knowing when reading per-rank logs
+        print(f"mpilearn: note: launcher rank {launch.rank} is MPI rank {mpi_rank}", flush=True)
