@@ -7,7 +7,10 @@ K-fold cross-validation with the K folds on R ranks each, in parallel (or in seq
 ``search.fold_mode: sequential``, np = 1+B*R). Outputs in the run directory:
 ``journal.jsonl`` (every event), ``config.yaml``, ``trials/<key>/fold<k>/`` (each fold's
 own training run). ``--resume`` replays the journal, rebuilds the searcher and re-runs the
-trials that were in flight. Then ``python -m mpilearn.report RUN_DIR``.
+trials that were in flight, each fold from its own checkpoint; ``--resume auto`` also starts
+a sweep that does not exist yet (requeued batch jobs). SIGTERM or SIGUSR1 stops the sweep:
+no new trials, folds in flight checkpoint after their current step, exit status 75.
+Then ``python -m mpilearn.report RUN_DIR``.
 """
 from __future__ import annotations
 
@@ -16,12 +19,13 @@ import os
 import sys
 
 from . import comm as mcomm
+from . import preempt
 from .comm import UsageError, check_on_root
 from .hpo import layout
 from .hpo.coordinator import TAG_BLOCK, TAG_PROGRESS, TAG_TRIAL, TAG_VERDICT, Coordinator
 
 
-def prepare(config: dict, world_size: int, resume: bool) -> dict:
+def prepare(config: dict, world_size: int, resume) -> dict:
     """Rank 0, before any trial: layout, space, searcher, objective, data, model, output."""
     from .config import dump
     from .hpo import objective
@@ -64,13 +68,17 @@ def prepare(config: dict, world_size: int, resume: bool) -> dict:
     journal = os.path.join(output, "journal.jsonl")
     if os.path.exists(journal) and not resume:
         raise UsageError(f"{output} already holds a sweep: use --resume, or another --output")
+    if resume == "latest" and not os.path.exists(journal):
+        raise UsageError(f"--resume: no sweep in {output} (no {journal}); --resume auto starts "
+                         "one when there is none")
     os.makedirs(output, exist_ok=True)
     dump(config, os.path.join(output, "config.yaml"))
     return {"output": output, "n_events": n_events}
 
 
 def run_block(config: dict, role, world, info: dict) -> None:
-    """Every non-coordinator rank: take trials from the coordinator until told to stop."""
+    """Every non-coordinator rank: take trials from the coordinator until told to stop
+    (no trial left, or a stop signal)."""
     from .hpo import objective
 
     s = config["search"]
@@ -130,12 +138,17 @@ def main(argv=None) -> int:
     p.add_argument("--config", required=True, help="sweep config (YAML): training keys + 'search'")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--output", help="run directory (overrides 'output')")
-    p.add_argument("--resume", action="store_true", help="continue the sweep in the run directory")
+    p.add_argument("--resume", nargs="?", const="latest", choices=("latest", "auto"),
+                   help="continue the sweep in the run directory; 'auto': or start it")
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
+    preempt.install()
     ctx = mcomm.init()
     world = ctx.comm
     try:
+        line = mcomm.check_launch(ctx)
+        if ctx.rank == 0:
+            print(line, flush=True)
         from .config import hpo_schema, resolve
 
         sets = list(args.set) + ([f"output={args.output}"] if args.output else [])
@@ -166,13 +179,18 @@ def main(argv=None) -> int:
         state = coordinator.run()
         done = [r for r in state.finished.values() if r["status"] == "done"]
         best = min(done, key=lambda r: r["value"]) if done else None
-        print(f"mpilearn: sweep finished: {len(state.finished)} trials "
+        verb = "stopped" if coordinator.stop_requested else "finished"
+        print(f"mpilearn: sweep {verb}: {len(state.finished)} trials "
               f"({len(done)} done, {len(state.finished) - len(done)} failed)"
               + (f"; best {best['value']:.5g} with {best['params']}" if best else "")
               + f"; results in {info['output']}", flush=True)
     else:
         run_block(config, role, world, info)
-    return 0
+    # every rank leaves with the same status: 75 (requeue me) if any rank saw a stop signal
+    stopped = world.allreduce(preempt.requested() is not None, op=mcomm.mpi().LOR)
+    if stopped and ctx.rank == 0:
+        print("mpilearn: sweep stopped by a signal; continue with --resume auto", flush=True)
+    return preempt.REQUEUE_EXIT if stopped else 0
 
 
 if __name__ == "__main__":

@@ -214,3 +214,41 @@ def test_bad_sweep_input(toy_file, tmp_path, np_, search, message):
     assert proc.returncode == 2, proc.stderr
     assert message in proc.stderr and proc.stderr.count("mpilearn: error:") == 1
     assert not (tmp_path / "sweep" / "journal.jsonl").exists()
+
+
+def test_stop_signal_records_in_flight_trials_and_resume_auto_finishes(toy_file, tmp_path):
+    cfg = {"model": f"{TESTS}/models/slow.py", "hparams": {"sleep": 0.03},
+           "data": {"files": [toy_file]}, "train": {"epochs": 2, "batch_size": 32},
+           "output": str(tmp_path / "sweep"),
+           "search": {"searcher": "random", "budget": 4, "blocks": 2, "folds": 1,
+                      "space": {"lr": {"type": "real", "low": 1e-3, "high": 1e-2}}}}
+    path = tmp_path / "hpo.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    args = ["-m", "mpilearn.optimize", "--config", str(path), "--no-progress", "--resume", "auto"]
+    job = subprocess.Popen(mpirun_cmd(3, args), cwd=REPO, env=ENV, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+    trials = tmp_path / "sweep" / "trials"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not list(trials.glob("*/fold0/metrics.jsonl")):
+        time.sleep(0.05)  # wait until a trial is half-way (its first epoch logged)
+    job.send_signal(signal.SIGUSR1)
+    stdout, stderr = job.communicate(timeout=120)
+    assert job.returncode == 75, stderr
+    assert "sweep stopped" in stdout
+    journal = str(tmp_path / "sweep" / "journal.jsonl")
+    interrupted = {r["key"] for r in read_jsonl(journal) if r["event"] == "interrupted"}
+    finished = {r["key"] for r in read_jsonl(journal) if r["event"] in ("done", "failed")}
+    assert interrupted and not interrupted & finished
+    half_done = [k for k in interrupted if (trials / k / "fold0" / "metrics.jsonl").exists()]
+    assert half_done
+
+    proc = optimize(3, path, "--resume", "auto")
+    assert proc.returncode == 0, proc.stderr
+    events = read_jsonl(journal)
+    done = [r["key"] for r in events if r["event"] == "done"]
+    assert len(done) == 4 and len(set(done)) == 4 and interrupted <= set(done)
+    for key in half_done:  # the interrupted fold continued from its checkpoint: no epoch twice
+        epochs = [r["epoch"] for r in read_jsonl(str(trials / key / "fold0" / "metrics.jsonl"))]
+        assert epochs == [1, 2], epochs
+    again = optimize(3, path, "--resume")  # strict resume of a finished sweep: nothing to do
+    assert again.returncode == 0 and "sweep finished: 4 trials" in again.stdout

@@ -13,6 +13,7 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
+from .. import preempt
 from .journal import Journal, SweepState
 from .searchers import Prefetcher
 from .space import trial_key
@@ -68,6 +69,11 @@ class Coordinator:
         event = self.running.pop(block)
         key = event["key"]
         folds = result["folds"]
+        if any(f["status"] == "interrupted" for f in folds):
+            # stopped by a signal: it runs again (from its folds' checkpoints) on --resume
+            self.journal.write("interrupted", key=key, block=block, folds=folds)
+            self.interrupt()
+            return
         values = [f.get("value") for f in folds]
         failed = [f for f in folds if f["status"] != "done"]
         if failed:
@@ -106,6 +112,8 @@ class Coordinator:
         sleep = 0.001
         try:
             while active:
+                if preempt.requested() is not None and not self.stop_requested:
+                    self.interrupt()
                 if not self.comm.Iprobe(source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG, status=status):
                     time.sleep(sleep)
                     sleep = min(sleep * 2, 0.02)
@@ -134,5 +142,8 @@ class Coordinator:
         return self.state
 
     def interrupt(self) -> None:
-        """Stop dispatching (SIGTERM); in-flight trials are re-queued by --resume."""
+        """Stop dispatching (a stop signal); in-flight trials are re-queued by --resume."""
+        if not self.stop_requested and self.bar is None:
+            print(f"mpilearn: stopping the sweep ({preempt.describe()}): no new trials; "
+                  "trials in flight are recorded as interrupted", flush=True)
         self.stop_requested = True

@@ -8,12 +8,14 @@ searches with no training at all.
 from __future__ import annotations
 
 import math
+import os
 import time
 import traceback
 from typing import Optional
 
 import numpy as np
 
+from .. import preempt
 from ..comm import UsageError
 from ..models import load_builder
 from .space import apply
@@ -55,7 +57,10 @@ def value_of(history: list, obj: dict) -> float:
 
 def run_fold(config: dict, point: dict, fold: int, ctx, output: str, obj: dict,
              n_events: Optional[int], on_epoch=None) -> dict:
-    """Collective over ``ctx.comm``: trains one fold; never raises for a failed trial."""
+    """Collective over ``ctx.comm``: trains one fold; never raises for a failed trial.
+
+    A fold that a stop signal interrupted returns status ``interrupted``; run again, it
+    continues from its own checkpoint."""
     start = time.time()
     search = config["search"]
     try:
@@ -70,14 +75,17 @@ def run_fold(config: dict, point: dict, fold: int, ctx, output: str, obj: dict,
             events = fold_events(n_events, search["folds"], fold, search["seed"],
                                  config["data"]["val_fraction"] or 0.2)
             deadline = start + search["trial_timeout"] if search["trial_timeout"] > 0 else None
+            resume = ctx.comm.bcast(os.path.isdir(os.path.join(output, "checkpoints")), root=0)
             trainer = Trainer(trial, ctx, output=output, progress=False, events=events,
-                              deadline=deadline)
+                              deadline=deadline, resume="auto" if resume else False)
             trainer.on_epoch = on_epoch
             trainer.fit()
             value = value_of(trainer.history, obj)
         if not math.isfinite(value):
             return {"status": "failed", "reason": f"objective is {value}", "wall": time.time() - start}
         return {"status": "done", "value": value, "wall": time.time() - start}
+    except preempt.Preempted:
+        return {"status": "interrupted", "wall": time.time() - start}
     except (Exception, SystemExit) as err:  # a failed trial is recorded, the sweep goes on
         reason = f"{type(err).__name__}: {err}"
         if not isinstance(err, (UsageError, SystemExit)) and type(err).__name__ != "TrainingStopped":
