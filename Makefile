@@ -14,7 +14,10 @@ export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 export OMPI_MCA_rmaps_base_oversubscribe := 1
 export PRTE_MCA_rmaps_default_mapping_policy := :oversubscribe
 
-.PHONY: setup demo test bench clean horovod
+MPICH   := $(VENV)/mpich
+MPICH_STAMP := $(MPICH)/.installed
+
+.PHONY: setup demo test bench clean horovod slurm-packages jobs
 
 setup: $(STAMP)
 
@@ -38,8 +41,36 @@ demo: $(STAMP)
 	@echo
 	@echo "Results: runs/demo (config.yaml, metrics.jsonl, checkpoints/)"
 
-test: $(STAMP) $(HVD_STAMP)
+test: $(STAMP) $(HVD_STAMP) $(MPICH_STAMP) slurm-packages
 	$(BIN)/python -m pytest -q tests
+
+# MPICH's Hydra mpiexec for the launcher tests: a side venv with the mpich wheel that sees
+# the main venv's packages (mpi4py's wheel speaks both MPI ABIs; MPI4PY_MPIABI=mpich picks)
+$(MPICH_STAMP): $(STAMP)
+	$(BIN)/python -m venv $(MPICH)
+	$(MPICH)/bin/pip install -q mpich
+	$(BIN)/python -c 'import site; print(site.getsitepackages()[0])' > \
+	  $$($(MPICH)/bin/python -c 'import site; print(site.getsitepackages()[0])')/mpilearn-main.pth
+	touch $@
+
+# A one-node SLURM for tests/test_slurm.py (Debian packages; needs root). Without root the
+# SLURM tests skip and say so loudly.
+SLURM_PKGS := slurm-wlm munge libpmix-dev
+slurm-packages:
+	@if command -v slurmctld >/dev/null && command -v munged >/dev/null \
+	   && [ -e /usr/lib/x86_64-linux-gnu/libpmix.so ]; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  echo "installing $(SLURM_PKGS) for the SLURM tests"; \
+	  export DEBIAN_FRONTEND=noninteractive; \
+	  apt-get install -y -q --no-install-recommends $(SLURM_PKGS) >/dev/null \
+	  || { apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends $(SLURM_PKGS) >/dev/null; }; \
+	else \
+	  echo "*** not root: cannot install $(SLURM_PKGS); the SLURM tests will be SKIPPED ***"; \
+	fi
+
+# the ready sbatch scripts in jobs/ are rendered from jobs/site-example.yaml
+jobs: $(STAMP)
+	$(BIN)/python -m mpilearn.jobs --examples jobs
 
 clean:
 	rm -rf runs .pytest_cache

@@ -1,0 +1,126 @@
+"""The jobs/ scripts on a real one-node SLURM cluster: srun and mpirun launches, requeue on a
+stop signal, resume to the same result as an uninterrupted run."""
+import json
+import os
+import shutil
+import time
+
+import pytest
+import torch
+import yaml
+
+from conftest import ENV, REPO, TESTS, mpirun, train_args
+from mpilearn.io import read_jsonl
+from mpilearn.train import checkpoint as ckpt
+from slurm_cluster import Cluster, missing
+
+ROOT = os.geteuid() == 0
+
+
+@pytest.fixture(scope="module")
+def slurm():
+    need = missing()
+    if need:
+        if ROOT and shutil.which("apt-get"):
+            pytest.fail(f"SLURM test cluster: {', '.join(need)} missing; `make test` installs "
+                        "slurm-wlm, munge and libpmix-dev (make slurm-packages)")
+        pytest.skip(f"*** SLURM TESTS SKIPPED: {', '.join(need)} missing and this user cannot "
+                    "apt-get install them (needs root): the jobs/ scripts are NOT tested here ***")
+    cluster = Cluster().start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+        assert cluster.processes() == [], "SLURM daemons left running"
+
+
+def submit(slurm, tmp_path, script, *args, flags=()):
+    env = {**ENV, "MPILEARN_VENV": os.path.join(REPO, ".venv")}
+    env.pop("SLURM_CONF", None)
+    return slurm.sbatch(f"--chdir={REPO}", f"--output={tmp_path}/slurm-%j.out", *flags,
+                        os.path.join(REPO, "jobs", script), *args, env=env)
+
+
+def log_of(tmp_path, job):
+    with open(tmp_path / f"slurm-{job}.out") as f:
+        return f.read()
+
+
+def wait_for(path, timeout=180):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if os.path.exists(path):
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"{path} did not appear within {timeout} s")
+
+
+def train_config(tmp_path, toy_file, **train):
+    cfg = {"model": f"{TESTS}/models/slow.py", "hparams": {"sleep": 0.0},
+           "data": {"files": [toy_file]},
+           "train": {"epochs": 2, "batch_size": 16, "deterministic": True, **train}}
+    path = tmp_path / "train.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return str(path)
+
+
+def test_srun_training_job(slurm, toy_file, tmp_path):
+    out = tmp_path / "run"
+    job = submit(slurm, tmp_path, "train.sbatch", train_config(tmp_path, toy_file), str(out))
+    info = slurm.wait(job)
+    log = log_of(tmp_path, job)
+    assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0", log
+    assert f"launcher srun, 2 process(es) (SLURM job {job}); 2 rank(s) on this node" in log
+    epochs = [r["epoch"] for r in read_jsonl(str(out / "metrics.jsonl"))]
+    assert epochs == [1, 2] and all(r["ranks"] == 2 for r in read_jsonl(str(out / "metrics.jsonl")))
+
+
+def test_requeued_training_job_ends_where_an_uninterrupted_run_ends(slurm, toy_file, tmp_path):
+    config = train_config(tmp_path, toy_file, epochs=3, checkpoint_every_steps=0)
+    # hparams.sleep slows each step so that the signal lands mid-epoch
+    slow = ["--set", "hparams.sleep=0.03"]
+    whole = tmp_path / "whole"
+    proc = mpirun(2, train_args("--config", config, "--output", str(whole), *slow))
+    assert proc.returncode == 0, proc.stderr
+
+    out = tmp_path / "requeued"
+    job = submit(slurm, tmp_path, "train.sbatch", config, str(out), *slow)
+    wait_for(out / "metrics.jsonl")  # the first epoch is done
+    slurm.run(["scancel", "--signal=TERM", job])  # what SLURM sends at the time limit
+    slurm.skip_requeue_hold(job)
+    info = slurm.wait(job)
+    log = log_of(tmp_path, job)
+    assert info["JobState"] == "COMPLETED" and info["Restarts"] == "1", log + slurm.logs()
+    assert "stop signal (SIGTERM): checkpoint saved" in log
+    assert f"requeueing job {job}" in log and "restart 1 on" in log and "resumed from" in log
+    got = ckpt.load(ckpt.latest(str(out / "checkpoints")))["task"]["models"]["model"]
+    want = ckpt.load(ckpt.latest(str(whole / "checkpoints")))["task"]["models"]["model"]
+    for k in want:
+        torch.testing.assert_close(got[k], want[k], rtol=0, atol=0)
+    assert [r["epoch"] for r in read_jsonl(str(out / "metrics.jsonl"))] == [1, 2, 3]
+
+
+def test_mpirun_sweep_inside_the_allocation_survives_a_requeue(slurm, toy_file, tmp_path):
+    # the layout of jobs/hpo-mlp.yaml (2 blocks x 2 folds + coordinator = 5 ranks)
+    base = yaml.safe_load(open(os.path.join(REPO, "jobs", "hpo-mlp.yaml")))
+    cfg = {"model": f"{TESTS}/models/slow.py", "hparams": {"sleep": 0.02},
+           "data": {"files": [toy_file]}, "train": {"epochs": 2, "batch_size": 64},
+           "search": {**base["search"], "budget": 4}}
+    path = tmp_path / "hpo.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    out = tmp_path / "sweep"
+    job = submit(slurm, tmp_path, "hpo-mpirun.sbatch", str(path), str(out))
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and not list(out.glob("trials/*/fold*/metrics.jsonl")):
+        time.sleep(0.2)
+    # the early-warning signal goes to the batch shell, which passes it on through mpirun
+    slurm.run(["scancel", "--batch", "--signal=USR1", job])
+    slurm.skip_requeue_hold(job)
+    info = slurm.wait(job, timeout=400)
+    log = log_of(tmp_path, job)
+    assert info["JobState"] == "COMPLETED" and info["Restarts"] == "1", log + slurm.logs()
+    events = read_jsonl(str(out / "journal.jsonl"))
+    interrupted = {r["key"] for r in events if r["event"] == "interrupted"}
+    done = [r["key"] for r in events if r["event"] == "done"]
+    assert interrupted and len(done) == 4 and len(set(done)) == 4 and interrupted <= set(done), log
+    assert "sweep stopped" in log and "sweep finished: 4 trials (4 done" in log
