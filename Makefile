@@ -108,4 +108,5 @@ bench: $(STAMP) $(HVD_STAMP)
 	$(BIN)/python bench/hpo_coordinator.py $(BENCH)
 	$(BIN)/python bench/hpo_quality.py $(BENCH)
 	$(BIN)/python bench/data_loading.py $(BENCH)
+	$(BIN)/python bench/async_training.py $(BENCH)
 	$(BIN)/python bench/collect.py

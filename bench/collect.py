@@ -11,7 +11,8 @@ SECTIONS = [("throughput", "Data-parallel training throughput (np=1 and 2, same 
             ("scaling", "Weak-scaling projection for the angle 3DGAN"),
             ("hpo_coordinator", "HPO coordinator: decision latency and block utilisation"),
             ("hpo_quality", "HPO quality vs Optuna TPE"),
-            ("data_loading", "Data loading, 51x51x25 format")]
+            ("data_loading", "Data loading, 51x51x25 format"),
+            ("async_training", "Asynchronous training: allreduce vs downpour vs EASGD at np=3, one rank 5x slower")]
 
 
 def versions():

@@ -31,6 +31,10 @@ SCHEMA: Dict[str, Any] = {
         "batch_size": 32,   # per rank; global batch = batch_size x ranks
         "max_steps_per_epoch": 0,   # 0 = all events
         "backend": "mpi",   # mpi | torch | horovod
+        "algorithm": "allreduce",   # allreduce | downpour | easgd (rank 0 is the master)
+        "sync_every": 1,            # downpour/easgd: optimizer steps between exchanges
+        "elastic_force": 0.5,       # easgd: alpha, the centre's pull
+        "max_staleness": 0,         # downpour: drop older gradients; 0 = 2 x workers
         "fusion_mb": 25.0,  # tensor-fusion bucket size
         "seed": 0,
         "deterministic": False,
@@ -58,6 +62,7 @@ CHOICES = {
     "search.fold_mode": ("parallel", "sequential"),
     "search.scheduler": ("none", "median"),
     "train.backend": ("mpi", "torch", "horovod"),
+    "train.algorithm": ("allreduce", "downpour", "easgd"),
     "train.lr_scaling": ("none", "linear"),
     "device.type": ("auto", "cpu", "cuda"),
 }
@@ -196,9 +201,14 @@ def resolve(path: Optional[str], sets: Iterable[str] = (), base: Optional[dict] 
     if require_model and not config["model"]:
         raise UsageError("no model given: set 'model' in the config or --set model=FILE.py")
     t = config["train"]
-    for key in ("epochs", "batch_size"):
+    for key in ("epochs", "batch_size", "sync_every"):
         if t[key] < 1:
             raise UsageError(f"'train.{key}' must be at least 1, got {t[key]}")
+    if not 0 < t["elastic_force"] <= 1:
+        raise UsageError(f"'train.elastic_force' must be in (0, 1], got {t['elastic_force']}")
+    if t["algorithm"] != "allreduce" and t["lr_scaling"] != "none":
+        raise UsageError(f"'train.lr_scaling: {t['lr_scaling']}' is for allreduce training; "
+                         f"{t['algorithm']} applies each worker's update on its own (use none)")
     if not 0 <= config["data"]["val_fraction"] < 1:
         raise UsageError(f"'data.val_fraction' must be in [0, 1), got {config['data']['val_fraction']}")
     return config

@@ -23,6 +23,8 @@ config keys (YAML; --set uses dotted names):
   train.epochs               1      train.batch_size (per rank)  32
   train.max_steps_per_epoch  0 (all)
   train.backend              mpi | torch | horovod
+  train.algorithm            allreduce | downpour | easgd (rank 0 = master)
+  train.sync_every           1      train.elastic_force  0.5   train.max_staleness  0 (2 x workers)
   train.fusion_mb            25     tensor-fusion bucket size
   train.seed                 0      train.deterministic  false
   train.lr_scaling           none | linear        train.warmup_epochs  0

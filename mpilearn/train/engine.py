@@ -23,7 +23,12 @@ from ..data.hdf5 import EventFiles, ShardedLoader, eval_batches, split_events
 from .. import preempt
 from ..io import append_jsonl, read_jsonl
 from ..models import load_builder
+from . import asyncsgd
 from . import checkpoint as ckpt
+
+
+def _raise(message: str):
+    raise UsageError(message)
 
 
 def expand_files(patterns) -> list:
@@ -106,6 +111,10 @@ class Trainer:
             self.train_events = np.arange(n)
             self.val_events = np.arange(len(self.val_files)) if self.val_files else np.arange(0)
         self.val_source = self.val_files or self.train_files
+        self.algorithm = train["algorithm"]
+        if self.algorithm != "allreduce" and ctx.size < 2:
+            check_on_root(comm, _raise, f"train.algorithm={self.algorithm} needs at least 2 ranks "
+                                        "(rank 0 is the master, the others train)")
         check_on_root(comm, self._make_loader)  # too few events for one global batch?
         self.loader = self._make_loader()
 
@@ -120,7 +129,11 @@ class Trainer:
         # 4. devices, weights, optimizers
         device = _check_devices(ctx, config)
         mcomm.bind(ctx, device)
-        self.task.setup(comm, device, train["backend"], int(train["fusion_mb"] * (1 << 20)))
+        self.master = None
+        if self.algorithm == "allreduce":
+            self.task.setup(comm, device, train["backend"], int(train["fusion_mb"] * (1 << 20)))
+        else:
+            self.master = asyncsgd.setup(self.task, comm, device, train)
         self.base_lrs = {k: [g["lr"] for g in o.param_groups]
                          for k, o in self.task.optimizers().items()}
         torch.manual_seed(train["seed"] * 1000 + ctx.rank + 1)  # per-rank noise from here on
@@ -134,8 +147,11 @@ class Trainer:
 
     def _make_loader(self):
         t = self.config["train"]
-        return ShardedLoader(self.train_files, self.train_events, t["batch_size"], self.ctx.rank,
-                             self.ctx.size, seed=t["seed"], shuffle=self.config["data"]["shuffle"],
+        rank, size = self.ctx.rank, self.ctx.size
+        if self.algorithm != "allreduce":  # the workers share the data; the master reads none
+            rank, size = max(rank - 1, 0), size - 1
+        return ShardedLoader(self.train_files, self.train_events, t["batch_size"], rank,
+                             size, seed=t["seed"], shuffle=self.config["data"]["shuffle"],
                              prefetch=self.config["data"]["prefetch"], transform=self.task.transform)
 
     @property
@@ -247,7 +263,13 @@ class Trainer:
             self.task.allreduce_seconds()
             self._epoch_start = time.perf_counter()
             lr = self._set_lr()  # also when a resumed epoch has no steps left
-            batches = self.loader.batches(self.epoch, self.step_in_epoch)
+            if self.algorithm != "allreduce":
+                if bar is not None:
+                    bar.close()
+                self._async_epoch()
+                batches = (b for b in ())
+            else:
+                batches = self.loader.batches(self.epoch, self.step_in_epoch)
             try:
                 for batch in batches:
                     if self.step_in_epoch >= self.steps_per_epoch:
@@ -288,6 +310,43 @@ class Trainer:
                   flush=True)
         return last
 
+    def _async_epoch(self) -> None:
+        """One epoch of downpour/easgd; afterwards every rank holds the centre parameters."""
+        from .tasks import TrainingStopped
+
+        comm, workers = self.ctx.comm, self.ctx.size - 1
+        if self.ctx.rank == 0:
+            stop = lambda: (preempt.requested() is not None or  # noqa: E731
+                            (self.deadline is not None and time.time() > self.deadline))
+            stats = self.master.serve_epoch(self.steps_per_epoch * workers, stop)
+            done = stats.pop("workers")
+            for w in done:
+                for k, v in w["losses"].items():
+                    self.acc["losses"][k] = self.acc["losses"].get(k, 0.0) + v
+                self.acc["steps"] += w["steps"]
+                self.acc["samples"] += w["samples"]
+            stats["steps_per_worker"] = [w["steps"] for w in done]
+            reason = next((w["stopped"] for w in done if w.get("stopped")), None)
+            if reason is None and (stats.pop("preempted") or stop()):
+                late = self.deadline is not None and time.time() > self.deadline
+                reason = "deadline" if late and preempt.requested() is None else "preempted"
+            self.acc["async"] = stats
+        else:
+            asyncsgd.work_epoch(self, self.task)
+            reason = None
+        reason = comm.bcast(reason if self.ctx.rank == 0 else None, root=0)
+        asyncsgd.broadcast_centre(self.task, comm)
+        self.global_step += self.steps_per_epoch
+        if reason == "preempted":  # the interrupted epoch runs again from the centre
+            self.global_step -= self.steps_per_epoch
+            self.step_in_epoch, self.acc = 0, self._empty_acc()
+            raise preempt.Preempted(f"stop signal ({preempt.describe() if preempt.requested() else 'on another rank'})")
+        if reason == "deadline":
+            raise TrainingStopped("the trial ran past its time limit")
+        if reason is not None:
+            raise TrainingStopped(reason)
+        self.step_in_epoch = self.steps_per_epoch
+
     def _check_stop(self) -> None:
         """Collective, after every step: a stop signal on any rank, or the deadline."""
         from .tasks import TrainingStopped
@@ -327,8 +386,9 @@ class Trainer:
 
     def _end_epoch(self, lr: float) -> dict:
         comm, acc = self.ctx.comm, self.acc
-        names = sorted(acc["losses"])
-        local = np.array([acc["losses"][k] for k in names] + [acc["steps"]], dtype=np.float64)
+        names = sorted(set().union(*comm.allgather(set(acc["losses"]))))
+        local = np.array([acc["losses"].get(k, 0.0) for k in names] + [acc["steps"]],
+                         dtype=np.float64)
         total = comm.allreduce(local)
         train = {k: float(total[i] / max(total[-1], 1)) for i, k in enumerate(names)}
         val = self.evaluate()
@@ -338,6 +398,8 @@ class Trainer:
                   **{f"train_{k}": v for k, v in train.items()}, **val,
                   "samples_per_s": acc["samples"] / acc["seconds"] if acc["seconds"] else None,
                   "time": split, "time_per_rank": per_rank, "ranks": self.ctx.size}
+        if "async" in acc:
+            record["async"] = acc["async"]
         record.update(self._physics())
         self.history.append(record)
         if self.ctx.rank == 0:

@@ -77,8 +77,8 @@ class GANTask(Task):
     def optimizers(self):
         return {"generator": self.g_opt, "discriminator": self.d_opt}
 
-    def setup(self, comm, device, backend, fusion_bytes):
-        super().setup(comm, device, backend, fusion_bytes)
+    def setup(self, comm, device, backend, fusion_bytes, distributed=True):
+        super().setup(comm, device, backend, fusion_bytes, distributed)
         self.comm = comm
         self.weights = self.weights.to(device)
 

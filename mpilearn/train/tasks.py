@@ -45,11 +45,16 @@ class Task:
         raise NotImplementedError
 
     # -- shared machinery --------------------------------------------------------------
-    def setup(self, comm, device: str, backend: str, fusion_bytes: int) -> None:
-        """Move to ``device``, make every rank start from rank 0's weights, wrap optimizers."""
+    def setup(self, comm, device: str, backend: str, fusion_bytes: int,
+              distributed: bool = True) -> None:
+        """Move to ``device``, make every rank start from rank 0's weights, wrap optimizers
+        (``distributed=False``: only the move; asynchronous training wraps them itself)."""
         self.device = device
         for model in self.models().values():
             model.to(device)
+        if not distributed:
+            return
+        for model in self.models().values():
             mtorch.broadcast_parameters(model.state_dict(), 0, comm)
         for opt in self.optimizers().values():
             mtorch.broadcast_optimizer_state(opt, 0, comm)
@@ -57,7 +62,7 @@ class Task:
                                         fusion_threshold_bytes=fusion_bytes)
 
     def allreduce_seconds(self) -> float:
-        return sum(opt.allreduce_seconds for opt in self.optimizers().values())
+        return sum(getattr(opt, "allreduce_seconds", 0.0) for opt in self.optimizers().values())
 
     def state_dict(self) -> dict:
         return {"models": {k: m.state_dict() for k, m in self.models().items()},
