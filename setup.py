@@ -11,7 +11,7 @@ setup(
     install_requires=["mpi4py>=4.0", "numpy", "h5py", "PyYAML", "tqdm", "matplotlib"],
     extras_require={
         "torch": ["torch>=2.1"],
-        "keras": ["keras>=3.0", "tensorflow-cpu"],
+        "keras": ["keras>=3.0", "tensorflow-cpu>=2.16"],
         "hpo": ["scikit-optimize>=0.10", "deap>=1.4"],
         "horovod": ["horovod==0.28.1"],
         "test": ["pytest>=7"],
