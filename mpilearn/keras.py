@@ -145,7 +145,9 @@ def DistributedOptimizer(optimizer, comm=None, op: str = Average):
     The object stays an instance of the user's optimizer class."""
     _backend_name()
     base = optimizer.__class__
-    optimizer.__class__ = type(base.__name__, (_DistributedMixin, base), {})
+    # same module and name as the base, so saved models carry the plain optimizer
+    optimizer.__class__ = type(base.__name__, (_DistributedMixin, base),
+                               {"__module__": base.__module__, "__qualname__": base.__qualname__})
     optimizer._mpilearn_comm = _comm_of(comm)
     optimizer._mpilearn_average = op == Average
     return optimizer

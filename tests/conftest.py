@@ -25,6 +25,29 @@ def mpirun(np_, args, timeout=300, cwd=None, env=None):
     return proc
 
 
+def kill9_after_mid_epoch_checkpoint(np_, args, out, env=None, epoch=1):
+    """Start ``python ARGS`` on np_ ranks, kill -9 the whole job once a mid-epoch checkpoint
+    of epoch ``epoch`` (0-based) exists; returns that checkpoint's name."""
+    import signal
+
+    job = subprocess.Popen(mpirun_cmd(np_, args), cwd=REPO, env={**ENV, **(env or {})},
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                           start_new_session=True)
+    pointer = os.path.join(out, "checkpoints", "latest")
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        name = open(pointer).read().strip() if os.path.exists(pointer) else ""
+        if name.startswith(f"ckpt-e{epoch:04d}-s") and not name.endswith("s0000000.pt"):
+            break
+        time.sleep(0.05)
+    else:
+        job.kill()
+        raise AssertionError("no mid-epoch checkpoint appeared")
+    os.killpg(job.pid, signal.SIGKILL)
+    job.wait()
+    return name
+
+
 def train_args(*extra):
     return ["-m", "mpilearn.train", "--no-progress", *extra]
 

@@ -1,9 +1,14 @@
-"""Keras 3 through mpilearn.keras: N ranks x batch b equal 1 rank x batch N*b, in a custom
-loop and under model.fit(), on the TensorFlow and the torch backends."""
+"""Keras 3: through mpilearn.keras N ranks x batch b equal 1 rank x batch N*b, in a custom
+loop and under model.fit(), on the TensorFlow and the torch backends; through the engine
+the same, plus kill -9 and resume, and abort on a crash."""
+import os
+
 import numpy as np
 import pytest
 
-from conftest import TESTS, mpirun
+from conftest import REPO, TESTS, kill9_after_mid_epoch_checkpoint, mpirun, train_args
+from mpilearn.io import read_jsonl
+from mpilearn.train import checkpoint as ckpt
 
 SCRIPT = f"{TESTS}/scripts/keras_equivalence.py"
 
@@ -21,3 +26,67 @@ def test_two_ranks_equal_one_rank_with_double_batch(backend, mode, tmp_path):
     assert len(a.files) == 4
     for k in a.files:
         np.testing.assert_allclose(b[k], a[k], rtol=2e-5, atol=2e-6)
+
+
+def keras_args(toy_file, out, model="keras_mlp.py", *sets):
+    folder = REPO + "/models" if model == "keras_mlp.py" else TESTS + "/models"
+    extra = [x for s in sets for x in ("--set", s)]
+    return train_args("--set", f"model={folder}/{model}", "--set", f"data.files=[{toy_file}]",
+                      "--set", "train.batch_size=16", *extra, "--output", out)
+
+
+def final_weights(out):
+    state = ckpt.load(ckpt.latest(os.path.join(out, "checkpoints")))
+    return state["epoch"], state["task"]["models"]["model"]
+
+
+@pytest.mark.parametrize("backend", ["tensorflow", "torch"])
+def test_engine_trains_a_keras_model_file_like_a_torch_one(backend, toy_file, tmp_path):
+    env = {"KERAS_BACKEND": backend, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    one = mpirun(1, keras_args(toy_file, str(tmp_path / "one"), "keras_mlp.py",
+                               "train.epochs=2", "train.batch_size=32"), env=env)
+    assert one.returncode == 0, one.stderr
+    two = mpirun(2, keras_args(toy_file, str(tmp_path / "two"), "keras_mlp.py", "train.epochs=2"),
+                 env=env)
+    assert two.returncode == 0, two.stderr
+    (e1, w1), (e2, w2) = final_weights(str(tmp_path / "one")), final_weights(str(tmp_path / "two"))
+    assert e1 == e2 == 2
+    for a, b in zip(w1, w2):  # 2 ranks x 16 = 1 rank x 32 through the whole engine
+        np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-5)
+    records = read_jsonl(str(tmp_path / "two" / "metrics.jsonl"))
+    assert [r["epoch"] for r in records] == [1, 2] and records[-1]["val_loss"] < records[0]["val_loss"] * 1.5
+    import keras  # the exported model loads back
+
+    model = keras.models.load_model(str(tmp_path / "two" / "models" / "model.keras"))
+    assert model.count_params() == sum(np.size(w) for w in w2)
+
+
+def test_keras_kill9_then_resume_matches_uninterrupted(toy_file, tmp_path):
+    env = {"TF_CPP_MIN_LOG_LEVEL": "2"}
+    sets = ["train.epochs=3", "train.checkpoint_every_steps=4", "hparams.sleep=0.03"]
+    whole = str(tmp_path / "whole")
+    proc = mpirun(2, keras_args(toy_file, whole, "keras_slow.py", *sets), env=env)
+    assert proc.returncode == 0, proc.stderr
+    cut = str(tmp_path / "cut")
+    kill9_after_mid_epoch_checkpoint(2, keras_args(toy_file, cut, "keras_slow.py", *sets), cut, env)
+    proc = mpirun(2, keras_args(toy_file, cut, "keras_slow.py", *sets) + ["--resume"], env=env)
+    assert proc.returncode == 0 and "resumed from" in proc.stdout, proc.stderr
+    (e1, got), (e2, want) = final_weights(cut), final_weights(whole)
+    assert e1 == e2 == 3
+    for a, b in zip(got, want):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_a_keras_crash_on_one_rank_aborts_the_job(toy_file, tmp_path):
+    crash = tmp_path / "crash.py"
+    crash.write_text(
+        "import sys\nsys.path.insert(0, %r)\nimport keras_mlp\nimport mpilearn\n"
+        "from mpilearn.train.keras_tasks import as_task\n"
+        "def build(hp):\n    task = as_task(keras_mlp.build(hp))\n    step = task.train_step\n"
+        "    def boom(batch):\n        if mpilearn.rank() == 1:\n"
+        "            raise RuntimeError('deliberate keras failure')\n        return step(batch)\n"
+        "    task.train_step = boom\n    return task\n" % (REPO + "/models"))
+    proc = mpirun(2, train_args("--set", f"model={crash}", "--set", f"data.files=[{toy_file}]",
+                                "--output", str(tmp_path / "out")), timeout=120,
+                  env={"TF_CPP_MIN_LOG_LEVEL": "2"})
+    assert proc.returncode != 0 and "rank 1: RuntimeError: deliberate keras failure" in proc.stderr

@@ -9,7 +9,7 @@ import time
 import pytest
 import torch
 
-from conftest import ENV, REPO, TESTS, mpirun, mpirun_cmd, train_args
+from conftest import ENV, REPO, TESTS, kill9_after_mid_epoch_checkpoint, mpirun, mpirun_cmd, train_args
 from mpilearn.train import checkpoint as ckpt
 
 
@@ -38,22 +38,7 @@ def whole(toy_file, tmp_path_factory):
 def test_kill9_then_resume_matches_uninterrupted(toy_file, tmp_path, whole):
 
     cut = str(tmp_path / "cut")
-    job = subprocess.Popen(mpirun_cmd(2, args(toy_file, cut)), cwd=REPO, env=ENV,
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                           start_new_session=True)
-    pointer = os.path.join(cut, "checkpoints", "latest")
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if os.path.exists(pointer) and open(pointer).read().startswith("ckpt-e0001-s00000"):
-            name = open(pointer).read().strip()
-            if not name.endswith("s0000000.pt"):
-                break  # a mid-epoch checkpoint of the second epoch exists
-        time.sleep(0.05)
-    else:
-        job.kill()
-        raise AssertionError("no mid-epoch checkpoint appeared")
-    os.killpg(job.pid, signal.SIGKILL)
-    job.wait()
+    kill9_after_mid_epoch_checkpoint(2, args(toy_file, cut), cut)
     killed_at = ckpt.load(ckpt.latest(os.path.join(cut, "checkpoints")))
     assert killed_at["epoch"] < 3, "the run finished before it was killed"
 

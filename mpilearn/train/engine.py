@@ -92,7 +92,19 @@ class Trainer:
         np.random.seed(train["seed"])
         if train["deterministic"]:
             torch.use_deterministic_algorithms(True)
-        self.task = load_builder(config["model"])(dict(config["hparams"]))
+        builder = load_builder(config["model"])
+        if "keras" in sys.modules:  # the model file uses Keras: its initialisers too
+            import keras
+
+            keras.utils.set_random_seed(train["seed"])
+        self.task = builder(dict(config["hparams"]))
+        if "keras" in sys.modules:
+            from .keras_tasks import as_task
+
+            self.task = as_task(self.task)
+        if train["algorithm"] != "allreduce" and getattr(self.task, "framework", "") == "keras":
+            check_on_root(comm, _raise, f"train.algorithm={train['algorithm']} is for PyTorch "
+                                        "tasks; Keras tasks train with allreduce")
 
         # 2. the data files, counted once by rank 0
         files = check_on_root(comm, _open_files, config, self.task)
@@ -134,8 +146,7 @@ class Trainer:
             self.task.setup(comm, device, train["backend"], int(train["fusion_mb"] * (1 << 20)))
         else:
             self.master = asyncsgd.setup(self.task, comm, device, train)
-        self.base_lrs = {k: [g["lr"] for g in o.param_groups]
-                         for k, o in self.task.optimizers().items()}
+        self.base_lrs = self.task.learning_rates()
         torch.manual_seed(train["seed"] * 1000 + ctx.rank + 1)  # per-rank noise from here on
 
         # 5. position and running state
@@ -167,11 +178,9 @@ class Trainer:
             warm = t["warmup_epochs"] * self.steps_per_epoch
             ramp = 1.0 if warm <= 0 else min(1.0, (self.global_step + 1) / warm)
             factor = 1.0 + (self.ctx.size - 1) * ramp
-        for k, opt in self.task.optimizers().items():
-            for g, base in zip(opt.param_groups, self.base_lrs[k]):
-                g["lr"] = base * factor
-        first = next(iter(self.task.optimizers().values()))
-        return first.param_groups[0]["lr"]
+        lrs = {k: [base * factor for base in bases] for k, bases in self.base_lrs.items()}
+        self.task.set_learning_rates(lrs)
+        return next(iter(lrs.values()))[0]
 
     # -- checkpoints -------------------------------------------------------------------
     @staticmethod
@@ -306,6 +315,8 @@ class Trainer:
             self.acc = self._empty_acc()
             self._save()
         if self.ctx.rank == 0:
+            if hasattr(self.task, "export"):  # e.g. Keras models as .keras files
+                self.task.export(os.path.join(self.output, "models"))
             print(f"mpilearn: done after {self.epoch} epoch(s); results in {self.output}",
                   flush=True)
         return last

@@ -61,6 +61,15 @@ class Task:
             mtorch.DistributedOptimizer(opt, backend=backend, comm=comm,
                                         fusion_threshold_bytes=fusion_bytes)
 
+    def learning_rates(self) -> Dict[str, List[float]]:
+        """Each optimizer's learning rates (one per parameter group)."""
+        return {k: [g["lr"] for g in o.param_groups] for k, o in self.optimizers().items()}
+
+    def set_learning_rates(self, lrs: Dict[str, List[float]]) -> None:
+        for k, o in self.optimizers().items():
+            for g, lr in zip(o.param_groups, lrs[k]):
+                g["lr"] = lr
+
     def allreduce_seconds(self) -> float:
         return sum(getattr(opt, "allreduce_seconds", 0.0) for opt in self.optimizers().values())
 

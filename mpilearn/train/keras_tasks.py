@@ -1,0 +1,161 @@
+"""Keras 3 models in the training engine (TensorFlow or torch backend).
+
+A model file may return a :class:`KerasSupervisedTask`, or simply a compiled
+``keras.Model`` (loss and optimizer from ``compile``; inputs from HDF5 key ``X``, target ``y``).
+The engine then trains it exactly as a PyTorch task: same CLI, sharding, metrics, checkpoints
+(the weights and optimizer variables as arrays) and ``--resume``; at the end rank 0 also saves
+each model as ``models/<name>.keras`` in the run directory.
+"""
+from __future__ import annotations
+
+import os
+from typing import Callable, Dict, List, Optional, Union
+
+import keras
+import numpy as np
+
+from .. import keras as mkeras
+from .tasks import Task
+
+
+def _arrays(variables) -> List[np.ndarray]:
+    return [np.array(keras.ops.convert_to_numpy(v)) for v in variables]
+
+
+class KerasTask(Task):
+    """The engine's Task interface for Keras models and optimizers."""
+
+    framework = "keras"
+
+    def setup(self, comm, device: str, backend: str, fusion_bytes: int,
+              distributed: bool = True) -> None:
+        self.device = device
+        if keras.backend.backend() == "tensorflow" and device.startswith("cuda"):
+            raise NotImplementedError("Keras on TensorFlow here trains on CPU; use the torch "
+                                      "backend (KERAS_BACKEND=torch) for GPUs")
+        for name, model in self.models().items():
+            mkeras.broadcast_variables(model.variables, 0, comm)
+        for name, opt in self.optimizers().items():
+            if not opt.built:
+                opt.build(self._variables_of(name))
+            mkeras.broadcast_variables(opt.variables, 0, comm)
+            if distributed:
+                mkeras.DistributedOptimizer(opt, comm=comm)
+
+    def _variables_of(self, optimizer_name: str) -> list:
+        return self.models()[optimizer_name].trainable_variables
+
+    # -- learning rates, state ---------------------------------------------------------
+    def learning_rates(self) -> Dict[str, List[float]]:
+        return {k: [float(keras.ops.convert_to_numpy(o.learning_rate))]
+                for k, o in self.optimizers().items()}
+
+    def set_learning_rates(self, lrs: Dict[str, List[float]]) -> None:
+        for k, o in self.optimizers().items():
+            o.learning_rate = lrs[k][0]
+
+    def state_dict(self) -> dict:
+        return {"models": {k: _arrays(m.weights) for k, m in self.models().items()},
+                "optimizers": {k: _arrays(o.variables) for k, o in self.optimizers().items()}}
+
+    def load_state_dict(self, state: dict) -> None:
+        for k, m in self.models().items():
+            for v, a in zip(m.weights, state["models"][k]):
+                v.assign(a)
+        for k, o in self.optimizers().items():
+            for v, a in zip(o.variables, state["optimizers"][k]):
+                v.assign(a)
+
+    def export(self, folder: str) -> None:
+        """Rank 0 at the end: each model as ``<name>.keras`` (written atomically)."""
+        os.makedirs(folder, exist_ok=True)
+        for name, model in self.models().items():
+            path = os.path.join(folder, f"{name}.keras")
+            model.save(path + ".tmp.keras")
+            os.replace(path + ".tmp.keras", path)
+
+    # -- one optimizer step with gradients from the backend ---------------------------
+    def _step(self, model, optimizer, loss_fn: Callable) -> float:
+        """``loss_fn()`` builds the loss; gradients, averaged over ranks, update ``model``."""
+        variables = model.trainable_variables
+        if keras.backend.backend() == "tensorflow":
+            import tensorflow as tf
+
+            with tf.GradientTape() as tape:
+                loss = loss_fn()
+            grads = tape.gradient(loss, variables)
+            optimizer.apply(grads, variables)
+            return float(loss)
+        import torch
+
+        loss = loss_fn()
+        model.zero_grad()
+        loss.backward()
+        with torch.no_grad():
+            optimizer.apply([v.value.grad for v in variables], variables)
+        return float(loss.detach())
+
+
+class KerasSupervisedTask(KerasTask):
+    """``loss(model(*inputs), target)`` minimised with a Keras optimizer; metrics are
+    callables ``(y_true, y_pred) -> mean`` like Keras losses."""
+
+    def __init__(self, model, loss, optimizer, metrics: Optional[Dict[str, Callable]] = None,
+                 inputs: Union[str, List[str]] = "X", target: str = "y",
+                 transform: Optional[Callable[[dict], dict]] = None):
+        self.model, self.optimizer = model, optimizer
+        fn = keras.losses.get(loss) if isinstance(loss, str) else loss
+        self.loss = lambda y, p: keras.ops.mean(fn(y, p))  # "mse" gives per-event values
+        self.metrics = dict(metrics or {})
+        self.inputs = [inputs] if isinstance(inputs, str) else list(inputs)
+        self.target = target
+        self.keys = self.inputs + [target]
+        self.loss_names = ["loss"]
+        self.val_names = ["loss", *self.metrics]
+        self._transform = transform
+
+    @classmethod
+    def from_compiled(cls, model) -> "KerasSupervisedTask":
+        if model.optimizer is None or getattr(model, "loss", None) is None:
+            raise ValueError("a Keras model returned by a model file must be compiled with a "
+                             "loss and an optimizer (or return a KerasSupervisedTask)")
+        return cls(model, model.loss, model.optimizer)
+
+    def models(self):
+        return {"model": self.model}
+
+    def optimizers(self):
+        return {"model": self.optimizer}
+
+    def transform(self, batch):
+        return self._transform(batch) if self._transform else batch
+
+    def _xs(self, batch):
+        xs = [np.asarray(batch[k], dtype="float32") for k in self.inputs]
+        return xs[0] if len(xs) == 1 else xs
+
+    def train_step(self, batch):
+        x, y = self._xs(batch), np.asarray(batch[self.target], dtype="float32")
+        if y.ndim == 1:
+            y = y[:, None]
+        value = self._step(self.model, self.optimizer,
+                           lambda: self.loss(y, self.model(x, training=True)))
+        return {"loss": value}
+
+    def eval_batch(self, batch):
+        x, y = self._xs(batch), np.asarray(batch[self.target], dtype="float32")
+        if y.ndim == 1:
+            y = y[:, None]
+        pred = self.model(x, training=False)
+        n = len(y)
+        out = {"loss": float(keras.ops.convert_to_numpy(self.loss(y, pred))) * n}
+        for name, fn in self.metrics.items():
+            out[name] = float(keras.ops.convert_to_numpy(fn(y, pred))) * n
+        return out
+
+
+def as_task(obj):
+    """A model file's return value as an engine task (a compiled keras.Model is wrapped)."""
+    if isinstance(obj, keras.Model):
+        return KerasSupervisedTask.from_compiled(obj)
+    return obj
