@@ -15,6 +15,7 @@ import keras
 import numpy as np
 
 from .. import keras as mkeras
+from .gan import GANTask
 from .tasks import Task
 
 
@@ -75,25 +76,29 @@ class KerasTask(Task):
             os.replace(path + ".tmp.keras", path)
 
     # -- one optimizer step with gradients from the backend ---------------------------
-    def _step(self, model, optimizer, loss_fn: Callable) -> float:
-        """``loss_fn()`` builds the loss; gradients, averaged over ranks, update ``model``."""
+    def _step(self, model, optimizer, loss_fn: Callable):
+        """``loss_fn()`` returns the loss, or (loss, extra); the gradients w.r.t. ``model``'s
+        trainable variables, averaged over ranks, update it. Returns the loss (or extra) as
+        numpy."""
         variables = model.trainable_variables
         if keras.backend.backend() == "tensorflow":
             import tensorflow as tf
 
             with tf.GradientTape() as tape:
-                loss = loss_fn()
-            grads = tape.gradient(loss, variables)
-            optimizer.apply(grads, variables)
-            return float(loss)
-        import torch
+                result = loss_fn()
+                loss = result[0] if isinstance(result, tuple) else result
+            optimizer.apply(tape.gradient(loss, variables), variables)
+        else:
+            import torch
 
-        loss = loss_fn()
-        model.zero_grad()
-        loss.backward()
-        with torch.no_grad():
-            optimizer.apply([v.value.grad for v in variables], variables)
-        return float(loss.detach())
+            result = loss_fn()
+            loss = result[0] if isinstance(result, tuple) else result
+            model.zero_grad()
+            loss.backward()
+            with torch.no_grad():
+                optimizer.apply([v.value.grad for v in variables], variables)
+        out = result[1] if isinstance(result, tuple) else result
+        return np.asarray(keras.ops.convert_to_numpy(keras.ops.stop_gradient(out)))
 
 
 class KerasSupervisedTask(KerasTask):
@@ -140,7 +145,7 @@ class KerasSupervisedTask(KerasTask):
             y = y[:, None]
         value = self._step(self.model, self.optimizer,
                            lambda: self.loss(y, self.model(x, training=True)))
-        return {"loss": value}
+        return {"loss": float(value)}
 
     def eval_batch(self, batch):
         x, y = self._xs(batch), np.asarray(batch[self.target], dtype="float32")
@@ -152,6 +157,130 @@ class KerasSupervisedTask(KerasTask):
         for name, fn in self.metrics.items():
             out[name] = float(keras.ops.convert_to_numpy(fn(y, pred))) * n
         return out
+
+
+class KerasGANTask(KerasTask, GANTask):
+    """The 3DGAN protocol of :class:`~mpilearn.train.gan.GANTask` (2 D + 2 G updates per batch,
+    global-batch loss scaling, per-event noise and label flips, the guards) with Keras models:
+    one gradient tape per update, four per batch, as in the reference TF2 loop."""
+
+    def __init__(self, generator, discriminator, g_optimizer, d_optimizer, variant: str = "angle",
+                 loss_weights=None, label_flip: float = 0.05, angle_key: str = "mtheta",
+                 seed: int = 0):
+        import torch
+
+        dummy = torch.nn.Linear(1, 1)  # GANTask's set-up needs modules; replaced below
+        GANTask.__init__(self, dummy, dummy, None, None, variant, loss_weights, label_flip,
+                         angle_key, seed)
+        self.generator, self.discriminator = generator, discriminator
+        self.g_opt, self.d_opt = g_optimizer, d_optimizer
+        self.kweights = np.asarray(self.weights.numpy(), dtype="float32")
+
+    models = GANTask.models
+    optimizers = GANTask.optimizers
+
+    def setup(self, comm, device, backend, fusion_bytes, distributed=True):
+        KerasTask.setup(self, comm, device, backend, fusion_bytes, distributed)
+        self.comm = comm
+
+    def state_dict(self):
+        return {**KerasTask.state_dict(self), "gan": {"steps": self.steps,
+                                                      "empty_batches": self.empty_batches}}
+
+    def load_state_dict(self, state):
+        KerasTask.load_state_dict(self, state)
+        self.steps, self.empty_batches = state["gan"]["steps"], state["gan"]["empty_batches"]
+
+    def latent_input(self, noise, energy, angle):
+        if self.variant == "angle":
+            return np.concatenate([energy[:, None], angle[:, None], noise], axis=1)
+        return energy[:, None] * noise
+
+    def _kterms(self, outputs, label, energy, angle, ecal):
+        ops = keras.ops
+
+        def mape(y, pred):
+            return 100.0 * ops.abs(y - pred) / ops.maximum(ops.abs(y), 1e-7)
+
+        p = ops.clip(outputs[0], 1e-7, 1 - 1e-7)
+        terms = [-(label * ops.log(p) + (1 - label) * ops.log(1 - p)), mape(energy, outputs[1])]
+        if self.variant == "angle":
+            terms.append(ops.abs(angle - outputs[2]))
+        terms.append(mape(ecal, outputs[-1]))
+        return ops.stack(terms, axis=1)
+
+    def _update(self, model, opt, forward, label, targets, scale):
+        """One optimizer step on (weighted terms summed over events) x scale."""
+        def loss():
+            terms = self._kterms(forward(), label, *targets)
+            return keras.ops.sum(terms * self.kweights) * scale, keras.ops.sum(terms, axis=0)
+
+        return self._step(model, opt, loss)
+
+    def train_step(self, batch):
+        import torch
+
+        G, D = self.generator, self.discriminator
+        n_local = len(batch["energy"])
+        size = self.comm.Get_size() if self.comm is not None else 1
+        n_global = self.comm.allreduce(n_local) if size > 1 else n_local
+        scale = size / max(n_global, 1)
+        flips, noise = self._draws(batch["_index"], self.steps)
+        self.steps += 1
+        sums = np.zeros((4, len(self.kweights)))
+        if n_local == 0:  # all events filtered here: take part in the allreduces with zeros
+            for model, opt in ((D, self.d_opt), (D, self.d_opt), (G, self.g_opt), (G, self.g_opt)):
+                v = model.trainable_variables
+                opt.apply([keras.ops.zeros_like(x) for x in v], v)
+            return self._report(torch.from_numpy(sums), n_global)
+        real = np.asarray(batch["images"], dtype="float32")[..., None]
+        energy = np.asarray(batch["energy"], dtype="float32")
+        ecal = np.asarray(batch["ecal"], dtype="float32")
+        angle = np.asarray(batch["angle"], dtype="float32") if self.variant == "angle" else None
+        targets = (energy, angle, ecal)
+        flip = flips < self.label_flip
+        ones, zeros = np.ones(n_local, "float32"), np.zeros(n_local, "float32")
+        # 1. D on the real batch; 2. D on a fake batch from G in inference mode
+        sums[0] = self._update(D, self.d_opt, lambda: D(real, training=True),
+                               np.where(flip[:, 0], zeros, ones), targets, scale)
+        fake = G(self.latent_input(noise[0], energy, angle), training=False)
+        sums[1] = self._update(D, self.d_opt, lambda: D(fake, training=True),
+                               np.where(flip[:, 1], ones, zeros), targets, scale)
+        # 3-4. G twice through D (only G's variables are updated), label "real"
+        for j in (2, 3):
+            z = self.latent_input(noise[j - 1], energy, angle)
+            sums[j] = self._update(G, self.g_opt, lambda: D(G(z, training=True), training=True),
+                                   ones, targets, scale)
+        return self._report(torch.from_numpy(sums), n_global)
+
+    def generate(self, energy_label, angle, index):
+        _, noise = self._draws(index, 0, purpose=1)
+        e = np.asarray(energy_label, dtype="float32")
+        a = np.asarray(angle, dtype="float32") if angle is not None else None
+        out = self.generator(self.latent_input(noise[0], e, a), training=False)
+        return np.asarray(keras.ops.convert_to_numpy(out))[..., 0]
+
+    def eval_batch(self, batch):
+        G, D = self.generator, self.discriminator
+        n = len(batch["energy"])
+        if n == 0:
+            return {"d_loss": 0.0, "g_loss": 0.0}
+        real = np.asarray(batch["images"], dtype="float32")[..., None]
+        energy = np.asarray(batch["energy"], dtype="float32")
+        ecal = np.asarray(batch["ecal"], dtype="float32")
+        angle = np.asarray(batch["angle"], dtype="float32") if self.variant == "angle" else None
+        targets = (energy, angle, ecal)
+        fake = self.generate(batch["energy"], batch.get("angle"), batch["_index"])[..., None]
+        ones, zeros = np.ones(n, "float32"), np.zeros(n, "float32")
+        w = self.kweights
+
+        def weighted(outputs, label):
+            terms = self._kterms(outputs, label, *targets)
+            return float(keras.ops.convert_to_numpy(keras.ops.sum(terms * w)))
+
+        out_fake = D(fake, training=False)
+        return {"d_loss": (weighted(D(real, training=False), ones) + weighted(out_fake, zeros)) / 2,
+                "g_loss": weighted(out_fake, ones)}
 
 
 def as_task(obj):
