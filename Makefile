@@ -109,4 +109,5 @@ bench: $(STAMP) $(HVD_STAMP)
 	$(BIN)/python bench/hpo_quality.py $(BENCH)
 	$(BIN)/python bench/data_loading.py $(BENCH)
 	$(BIN)/python bench/async_training.py $(BENCH)
+	$(BIN)/python bench/keras_throughput.py $(BENCH)
 	$(BIN)/python bench/collect.py

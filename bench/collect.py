@@ -12,7 +12,8 @@ SECTIONS = [("throughput", "Data-parallel training throughput (np=1 and 2, same 
             ("hpo_coordinator", "HPO coordinator: decision latency and block utilisation"),
             ("hpo_quality", "HPO quality vs Optuna TPE"),
             ("data_loading", "Data loading, 51x51x25 format"),
-            ("async_training", "Asynchronous training: allreduce vs downpour vs EASGD at np=3, one rank 5x slower")]
+            ("async_training", "Asynchronous training: allreduce vs downpour vs EASGD at np=3, one rank 5x slower"),
+            ("keras_throughput", "Small 3DGAN: Keras 3 (TensorFlow, torch backends) vs PyTorch")]
 
 
 def versions():

@@ -44,7 +44,7 @@ def cases(quick):
            [f"model={gan}", f"data.files=[{showers}/*.h5]", "hparams.preset=full"], None)
 
 
-def run(np_, global_batch, steps, sets, backend):
+def run(np_, global_batch, steps, sets, backend, env=None):
     out = tempfile.mkdtemp(prefix="mpilearn-run-")
     args = ["mpirun", "-np", str(np_), "--oversubscribe", sys.executable, "-m", "mpilearn.train",
             "--no-progress", "--output", out, "--set", "train.epochs=2",
@@ -52,7 +52,7 @@ def run(np_, global_batch, steps, sets, backend):
             "--set", "data.val_fraction=0.0", "--set", f"train.max_steps_per_epoch={steps}"]
     for s in sets:
         args += ["--set", s]
-    proc = subprocess.run(args, capture_output=True, text=True, env=ENV, cwd=REPO)
+    proc = subprocess.run(args, capture_output=True, text=True, env={**ENV, **(env or {})}, cwd=REPO)
     if proc.returncode:
         raise RuntimeError(proc.stderr[-3000:])
     last = [json.loads(l) for l in open(os.path.join(out, "metrics.jsonl"))][-1]

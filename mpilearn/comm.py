@@ -193,10 +193,14 @@ def bind(ctx: Context, device: str) -> None:
     ctx.device = device
     if device.startswith("cuda"):
         torch.cuda.set_device(torch.device(device))
+    torch.set_num_threads(threads_per_rank(ctx))
+
+
+def threads_per_rank(ctx: Context) -> int:
+    """CPU threads for this rank: OMP_NUM_THREADS, else its core set when a launcher bound
+    it, else cores / ranks on the node."""
+    if os.environ.get("OMP_NUM_THREADS"):
+        return int(os.environ["OMP_NUM_THREADS"])
     total = os.cpu_count() or 1
     mine = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else total
-    # a launcher that bound us to a core set already did the division
-    threads = mine if mine < total else max(1, total // max(1, ctx.local_size))
-    if os.environ.get("OMP_NUM_THREADS"):
-        threads = int(os.environ["OMP_NUM_THREADS"])
-    torch.set_num_threads(threads)
+    return mine if mine < total else max(1, total // max(1, ctx.local_size))

@@ -131,13 +131,23 @@ class _DistributedMixin:
     """Mixed into the user's optimizer class: ``apply`` averages the gradients first."""
 
     def apply(self, grads, trainable_variables=None):
+        import time
+
+        start = time.perf_counter()
         grads = list(grads)
         present = [i for i, g in enumerate(grads) if g is not None]
         reduced = _allreduce_tensors([grads[i] for i in present], self._mpilearn_comm,
                                      self._mpilearn_average)
         for i, g in zip(present, reduced):
             grads[i] = g
+        # time of the averaging (eager calls; under a compiled fit() it is part of the graph)
+        self._mpilearn_seconds = getattr(self, "_mpilearn_seconds", 0.0) + time.perf_counter() - start
         return super().apply(grads, trainable_variables)
+
+    @property
+    def allreduce_seconds(self) -> float:
+        seconds, self._mpilearn_seconds = getattr(self, "_mpilearn_seconds", 0.0), 0.0
+        return seconds
 
 
 def DistributedOptimizer(optimizer, comm=None, op: str = Average):

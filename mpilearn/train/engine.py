@@ -88,6 +88,9 @@ class Trainer:
 
         # 1. the model builder: a missing file or function is bad input
         check_on_root(comm, load_builder, config["model"])
+        # TensorFlow sizes its thread pools when it starts (maybe inside the model file)
+        for var in ("TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS"):
+            os.environ.setdefault(var, str(mcomm.threads_per_rank(ctx)))
         torch.manual_seed(train["seed"])
         np.random.seed(train["seed"])
         if train["deterministic"]:

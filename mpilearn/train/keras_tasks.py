@@ -202,10 +202,11 @@ class KerasGANTask(KerasTask, GANTask):
         def mape(y, pred):
             return 100.0 * ops.abs(y - pred) / ops.maximum(ops.abs(y), 1e-7)
 
+        label, energy, ecal = (ops.convert_to_tensor(a) for a in (label, energy, ecal))
         p = ops.clip(outputs[0], 1e-7, 1 - 1e-7)
         terms = [-(label * ops.log(p) + (1 - label) * ops.log(1 - p)), mape(energy, outputs[1])]
         if self.variant == "angle":
-            terms.append(ops.abs(angle - outputs[2]))
+            terms.append(ops.abs(ops.convert_to_tensor(angle) - outputs[2]))
         terms.append(mape(ecal, outputs[-1]))
         return ops.stack(terms, axis=1)
 
@@ -213,7 +214,8 @@ class KerasGANTask(KerasTask, GANTask):
         """One optimizer step on (weighted terms summed over events) x scale."""
         def loss():
             terms = self._kterms(forward(), label, *targets)
-            return keras.ops.sum(terms * self.kweights) * scale, keras.ops.sum(terms, axis=0)
+            weights = keras.ops.convert_to_tensor(self.kweights)
+            return keras.ops.sum(terms * weights) * scale, keras.ops.sum(terms, axis=0)
 
         return self._step(model, opt, loss)
 
@@ -276,7 +278,7 @@ class KerasGANTask(KerasTask, GANTask):
 
         def weighted(outputs, label):
             terms = self._kterms(outputs, label, *targets)
-            return float(keras.ops.convert_to_numpy(keras.ops.sum(terms * w)))
+            return float(keras.ops.convert_to_numpy(keras.ops.sum(terms * keras.ops.convert_to_tensor(w))))
 
         out_fake = D(fake, training=False)
         return {"d_loss": (weighted(D(real, training=False), ones) + weighted(out_fake, zeros)) / 2,
