@@ -35,8 +35,25 @@ TAG_DONE = 499
 ALGORITHMS = ("allreduce", "downpour", "easgd")
 
 
+def _is_keras(opt) -> bool:
+    return hasattr(opt, "_trainable_variables") and not hasattr(opt, "param_groups")
+
+
 def _params(opt) -> List[torch.Tensor]:
+    """The tensors an optimizer updates; for a Keras optimizer, torch copies of its variables
+    (written back after every exchange)."""
+    if _is_keras(opt):
+        import keras
+
+        return [torch.from_numpy(np.array(keras.ops.convert_to_numpy(v), dtype=np.float32))
+                for v in opt._trainable_variables]
     return [p for g in opt.param_groups for p in g["params"]]
+
+
+def _write_back(opt, params: List[torch.Tensor]) -> None:
+    if _is_keras(opt):
+        for v, p in zip(opt._trainable_variables, params):
+            v.assign(p.numpy())
 
 
 class _Flat:
@@ -66,73 +83,112 @@ class _Flat:
             offset += n
 
 
-class _WorkerMixin:
-    """Mixed into a worker's optimizer class: ``step()`` trains locally and exchanges with
-    the master every ``sync_every`` steps."""
+class _Worker:
+    """A worker's side of one optimizer: accumulate, exchange every ``sync_every`` steps."""
 
-    def _setup_async(self, index: int, comm, algorithm: str, sync_every: int) -> None:
-        self._index, self._comm, self._algorithm = index, comm, algorithm
-        self._sync_every, self._since, self._version = sync_every, 0, 0
-        self._flat = _Flat(_params(self))
-        self._acc = [torch.zeros_like(p) for p in self._flat.params]
-        self._seconds = 0.0
+    def __init__(self, opt, index: int, comm, algorithm: str, sync_every: int):
+        self.opt, self.index, self.comm, self.algorithm = opt, index, comm, algorithm
+        self.sync_every, self.since, self.version = sync_every, 0, 0
+        self.flat = _Flat(_params(opt))
+        self.acc = [torch.zeros_like(p) for p in self.flat.params]
+        self.seconds = 0.0
         self.epoch_over = False
         self.steps_done = 0   # steps of the running epoch, reported to the master
 
-    def step(self, closure=None):
-        self._since += 1
-        due = self._since % self._sync_every == 0
-        if self._algorithm == "downpour":
-            for acc, p in zip(self._acc, self._flat.params):
-                if p.grad is not None:
-                    acc.add_(p.grad)
-            if due:  # the master's step replaces ours
-                return self._exchange([a / self._since for a in self._acc])
-        result = super().step(closure)
-        if due:
-            self._exchange([p.data for p in self._flat.params])
-        return result
+    def before_step(self, grads: List[Optional[torch.Tensor]]) -> bool:
+        """Counts the step; downpour accumulates ``grads``. True: exchange instead of stepping."""
+        self.since += 1
+        due = self.since % self.sync_every == 0
+        if self.algorithm == "downpour":
+            for acc, g in zip(self.acc, grads):
+                if g is not None:
+                    acc.add_(g)
+            if due:
+                self.exchange([a / self.since for a in self.acc])
+                return True
+        return False
 
-    def _exchange(self, tensors) -> None:
+    def after_step(self) -> None:
+        if self.algorithm == "easgd" and self.since % self.sync_every == 0:
+            if _is_keras(self.opt):  # refresh the torch copies from the variables
+                for p, fresh in zip(self.flat.params, _params(self.opt)):
+                    p.copy_(fresh)
+            self.exchange([p.data for p in self.flat.params])
+
+    def exchange(self, tensors) -> None:
         from mpi4py import MPI
 
-        start = time.perf_counter()
-        flat = self._flat
-        flat.pack(tensors)
         from .. import preempt
 
-        flat.header[:] = (self._version, self.steps_done, self._since,
+        start = time.perf_counter()
+        flat = self.flat
+        flat.pack(tensors)
+        flat.header[:] = (self.version, self.steps_done, self.since,
                           int(preempt.requested() is not None))
-        self._comm.Send([flat.buf, MPI.BYTE], dest=0, tag=TAG_EXCHANGE + self._index)
-        self._comm.Recv([flat.buf, MPI.BYTE], source=0, tag=TAG_EXCHANGE + self._index)
-        self._version, over = int(flat.header[0]), bool(flat.header[1])
+        self.comm.Send([flat.buf, MPI.BYTE], dest=0, tag=TAG_EXCHANGE + self.index)
+        self.comm.Recv([flat.buf, MPI.BYTE], source=0, tag=TAG_EXCHANGE + self.index)
+        self.version, over = int(flat.header[0]), bool(flat.header[1])
         self.epoch_over = self.epoch_over or over
         with torch.no_grad():
             for p, v in flat.views():
-                if self._algorithm == "downpour":
+                if self.algorithm == "downpour":
                     p.copy_(v)          # the centre parameters
                 else:
                     p.sub_(v)           # the elastic move
-        for acc in self._acc:
+        _write_back(self.opt, flat.params)
+        for acc in self.acc:
             acc.zero_()
-        self._since = 0
-        self._seconds += time.perf_counter() - start
+        self.since = 0
+        self.seconds += time.perf_counter() - start
+
+
+class _TorchWorkerMixin:
+    """Mixed into a worker's torch optimizer: ``step()`` trains locally and exchanges."""
+
+    def step(self, closure=None):
+        w = self._async
+        if w.before_step([p.grad for p in w.flat.params]):
+            return None  # the master's step replaces ours
+        result = super().step(closure)
+        w.after_step()
+        return result
 
     def gradients_finite(self) -> bool:
-        return all(bool(torch.isfinite(p.grad).all()) for p in self._flat.params
+        return all(bool(torch.isfinite(p.grad).all()) for p in self._async.flat.params
                    if p.grad is not None)
 
-    @property
-    def allreduce_seconds(self) -> float:
-        seconds, self._seconds = self._seconds, 0.0
-        return seconds
+
+class _KerasWorkerMixin:
+    """Mixed into a worker's Keras optimizer: ``apply()`` trains locally and exchanges."""
+
+    def apply(self, grads, trainable_variables=None):
+        import keras
+
+        w = self._async
+        as_torch = [None if g is None else
+                    torch.from_numpy(np.array(keras.ops.convert_to_numpy(g), dtype=np.float32))
+                    for g in grads]
+        if w.before_step(as_torch):
+            self.iterations.assign_add(1)
+            return None
+        result = super().apply(grads, trainable_variables)
+        w.after_step()
+        return result
 
 
 def make_worker(optimizer, index: int, comm, algorithm: str, sync_every: int):
     base = optimizer.__class__
-    optimizer.__class__ = type(base.__name__, (_WorkerMixin, base), {})
-    optimizer._setup_async(index, comm, algorithm, sync_every)
+    mixin = _KerasWorkerMixin if _is_keras(optimizer) else _TorchWorkerMixin
+    optimizer.__class__ = type(base.__name__, (mixin, base),
+                               {"__module__": base.__module__, "__qualname__": base.__qualname__,
+                                "allreduce_seconds": property(_pop_seconds)})
+    optimizer._async = _Worker(optimizer, index, comm, algorithm, sync_every)
     return optimizer
+
+
+def _pop_seconds(opt) -> float:
+    seconds, opt._async.seconds = opt._async.seconds, 0.0
+    return seconds
 
 
 class Master:
@@ -189,6 +245,7 @@ class Master:
                         move = (x - p) * self.alpha
                         p.add_(move)
                         x.copy_(move)                    # answer: the elastic move
+                _write_back(self.opts[k], flat.params)
                 self.versions[k] += 1
             over = over or sum(steps) >= target_steps or stop_signal()
             flat.header[:] = (self.versions[k], int(over), 0, 0)
@@ -200,9 +257,14 @@ class Master:
 
     def _apply_gradient(self, k: int) -> None:
         flat, opt = self.flats[k], self.opts[k]
-        for p, g in flat.views():
-            p.grad = g.clone()
-        opt.step()
+        if _is_keras(opt):
+            opt.apply([g.numpy().copy() for _, g in flat.views()], opt._trainable_variables)
+            for p, fresh in zip(flat.params, _params(opt)):
+                p.copy_(fresh)
+        else:
+            for p, g in flat.views():
+                p.grad = g.clone()
+            opt.step()
         self.versions[k] += 1
 
 
@@ -216,11 +278,15 @@ def setup(task, comm, device: str, train: dict) -> Optional[Master]:
     from .. import torch as mtorch
 
     task.setup(MPI.COMM_SELF, device, train["backend"], 0, distributed=False)
-    for model in task.models().values():
-        mtorch.broadcast_parameters(model.state_dict(), 0, comm)
+    broadcast_centre(task, comm)
     opts = list(task.optimizers().values())
     for opt in opts:
-        mtorch.broadcast_optimizer_state(opt, 0, comm)
+        if _is_keras(opt):
+            from .. import keras as mkeras
+
+            mkeras.broadcast_variables(opt.variables, 0, comm)
+        else:
+            mtorch.broadcast_optimizer_state(opt, 0, comm)
     if comm.Get_rank() == 0:
         return Master(opts, comm, train["algorithm"], train["elastic_force"], train["max_staleness"])
     for k, opt in enumerate(opts):
@@ -233,7 +299,7 @@ def work_epoch(trainer, task) -> None:
     has not called the epoch over; then it reports to the master."""
     from .tasks import TrainingStopped
 
-    opts = list(task.optimizers().values())
+    opts = [opt._async for opt in task.optimizers().values()]
     for opt in opts:
         opt.epoch_over, opt.steps_done = False, 0
     acc, steps, stopped = trainer.acc, 0, None
@@ -271,8 +337,13 @@ def work_epoch(trainer, task) -> None:
 
 
 def broadcast_centre(task, comm) -> None:
-    """The master's centre parameters to every worker (epoch ends, before evaluation)."""
+    """The master's centre parameters to every worker (start, epoch ends, before evaluation)."""
     from .. import torch as mtorch
 
     for model in task.models().values():
-        mtorch.broadcast_parameters(model.state_dict(), 0, comm)
+        if getattr(task, "framework", "") == "keras":
+            from .. import keras as mkeras
+
+            mkeras.broadcast_variables(model.variables, 0, comm)
+        else:
+            mtorch.broadcast_parameters(model.state_dict(), 0, comm)

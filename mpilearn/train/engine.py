@@ -105,9 +105,6 @@ class Trainer:
             from .keras_tasks import as_task
 
             self.task = as_task(self.task)
-        if train["algorithm"] != "allreduce" and getattr(self.task, "framework", "") == "keras":
-            check_on_root(comm, _raise, f"train.algorithm={train['algorithm']} is for PyTorch "
-                                        "tasks; Keras tasks train with allreduce")
 
         # 2. the data files, counted once by rank 0
         files = check_on_root(comm, _open_files, config, self.task)
