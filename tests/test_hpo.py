@@ -252,3 +252,20 @@ def test_stop_signal_records_in_flight_trials_and_resume_auto_finishes(toy_file,
         assert epochs == [1, 2], epochs
     again = optimize(3, path, "--resume")  # strict resume of a finished sweep: nothing to do
     assert again.returncode == 0 and "sweep finished: 4 trials" in again.stdout
+
+
+def test_sweep_blocks_train_with_downpour_and_the_fold_leader_as_master(toy_file, tmp_path):
+    cfg = {"model": f"{REPO}/models/mlp.py", "data": {"files": [toy_file]},
+           "train": {"epochs": 2, "batch_size": 32, "algorithm": "downpour"},
+           "output": str(tmp_path / "sweep"),
+           "search": {"searcher": "random", "budget": 2, "blocks": 1, "folds": 1, "ranks_per_fold": 2,
+                      "space": {"lr": {"type": "real", "low": 1e-3, "high": 1e-2, "log": True}}}}
+    path = tmp_path / "hpo.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    proc = optimize(3, path)
+    assert proc.returncode == 0, proc.stderr
+    done = [r for r in read_jsonl(str(tmp_path / "sweep" / "journal.jsonl")) if r["event"] == "done"]
+    assert len(done) == 2
+    for r in done:  # one worker per fold: rank 0 of the fold's communicator was its master
+        fold = read_jsonl(str(tmp_path / "sweep" / "trials" / r["key"] / "fold0" / "metrics.jsonl"))
+        assert all(len(e["async"]["steps_per_worker"]) == 1 for e in fold)

@@ -128,3 +128,12 @@ def test_keras_3dgan_trains_through_the_engine(tmp_path):
     for key in ("train_d_loss", "train_g_loss", "train_g_angle", "val_g_loss", "score"):
         assert np.isfinite(record[key]), key
     assert (out / "models" / "generator.keras").exists() and (out / "models" / "discriminator.keras").exists()
+
+
+def test_learning_rate_warmup_reaches_lr_times_ranks():
+    import json
+
+    proc = mpirun(2, [f"{TESTS}/scripts/keras_warmup.py"], env={"TF_CPP_MIN_LOG_LEVEL": "2"})
+    assert proc.returncode == 0, proc.stderr
+    seen = json.loads(proc.stdout.strip().splitlines()[-1])
+    np.testing.assert_allclose(seen, [0.0125, 0.015, 0.0175, 0.02], rtol=1e-6)

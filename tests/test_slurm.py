@@ -64,15 +64,24 @@ def train_config(tmp_path, toy_file, **train):
     return str(path)
 
 
-def test_srun_training_job(slurm, toy_file, tmp_path):
+def test_srun_training_job_as_a_chain_of_two(slurm, toy_file, tmp_path):
+    """jobs/chain.sh: link 1 trains (srun, 2 tasks); link 2 starts after it, finds the run
+    finished and exits at once."""
     out = tmp_path / "run"
-    job = submit(slurm, tmp_path, "train.sbatch", train_config(tmp_path, toy_file), str(out))
-    info = slurm.wait(job)
-    log = log_of(tmp_path, job)
-    assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0", log
-    assert f"launcher srun, 2 process(es) (SLURM job {job}); 2 rank(s) on this node" in log
-    epochs = [r["epoch"] for r in read_jsonl(str(out / "metrics.jsonl"))]
-    assert epochs == [1, 2] and all(r["ranks"] == 2 for r in read_jsonl(str(out / "metrics.jsonl")))
+    env = {**ENV, "MPILEARN_VENV": os.path.join(REPO, ".venv")}
+    proc = slurm.run(["bash", os.path.join(REPO, "jobs", "chain.sh"), "2", f"--chdir={REPO}",
+                      f"--output={tmp_path}/slurm-%j.out", os.path.join(REPO, "jobs", "train.sbatch"),
+                      train_config(tmp_path, toy_file), str(out)], env=env)
+    first, second = [line.split()[-1] for line in proc.stdout.splitlines() if line.startswith("link")]
+    assert slurm.job(second)["Dependency"].startswith(f"afterany:{first}")
+    for job in (first, second):
+        info = slurm.wait(job)
+        log = log_of(tmp_path, job)
+        assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0", log
+    assert f"launcher srun, 2 process(es) (SLURM job {first}); 2 rank(s) on this node" in log_of(tmp_path, first)
+    assert "done after 2 epoch(s)" in log_of(tmp_path, second)
+    records = read_jsonl(str(out / "metrics.jsonl"))
+    assert [r["epoch"] for r in records] == [1, 2] and all(r["ranks"] == 2 for r in records)
 
 
 def test_requeued_training_job_ends_where_an_uninterrupted_run_ends(slurm, toy_file, tmp_path):
