@@ -6,6 +6,7 @@ process group: HPO blocks do not share the default group.
 """
 from __future__ import annotations
 
+import atexit
 import datetime
 import socket
 
@@ -43,6 +44,15 @@ class TorchDistBackend:
             self.pg = dist.ProcessGroupNCCL(store, rank, size)
         else:
             self.pg = dist.ProcessGroupGloo(store, rank, size, _TIMEOUT)
+        # join gloo's worker threads before Python finalises: one that releases a tensor
+        # during interpreter shutdown aborts the process ("terminate called ...", signal 6)
+        atexit.register(self.close)
+
+    def close(self) -> None:
+        try:
+            self.pg.shutdown()
+        except Exception:  # already shut down, or an older torch without shutdown()
+            pass
 
     def allreduce_async(self, buf: torch.Tensor):
         work = buf if buf.dtype in (torch.float32, torch.float64) or buf.is_cuda else buf.float()
