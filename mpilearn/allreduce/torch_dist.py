@@ -7,8 +7,10 @@ process group: HPO blocks do not share the default group.
 from __future__ import annotations
 
 import atexit
+import collections
 import datetime
 import socket
+import time
 
 import torch
 import torch.distributed as dist
@@ -44,19 +46,26 @@ class TorchDistBackend:
             self.pg = dist.ProcessGroupNCCL(store, rank, size)
         else:
             self.pg = dist.ProcessGroupGloo(store, rank, size, _TIMEOUT)
-        # join gloo's worker threads before Python finalises: one that releases a tensor
-        # during interpreter shutdown aborts the process ("terminate called ...", signal 6)
+        # A gloo worker thread that drops the last reference to a Python-owned tensor while
+        # the interpreter finalises aborts the process ("terminate called ...", signal 6).
+        # So the most recent buffers stay referenced here until an exit hook, run while
+        # Python is still whole, lets the threads finish, shuts the group down and drops them.
+        self._recent = collections.deque(maxlen=256)
         atexit.register(self.close)
 
     def close(self) -> None:
+        time.sleep(0.05)
         try:
             self.pg.shutdown()
         except Exception:  # already shut down, or an older torch without shutdown()
             pass
+        self._recent.clear()
 
     def allreduce_async(self, buf: torch.Tensor):
         work = buf if buf.dtype in (torch.float32, torch.float64) or buf.is_cuda else buf.float()
-        return self.pg.allreduce([work]), buf, work
+        handle = (self.pg.allreduce([work]), buf, work)
+        self._recent.append(handle)
+        return handle
 
     def wait(self, handle) -> None:
         job, buf, work = handle
