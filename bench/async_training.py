@@ -24,7 +24,7 @@ ALGORITHMS = {"allreduce": [], "downpour": ["train.algorithm=downpour"],
               "easgd": ["train.algorithm=easgd", "train.sync_every=4"]}
 
 
-def run(toy, algorithm, straggler, events):
+def run(toy, algorithm, straggler):
     out = tempfile.mkdtemp(prefix="mpilearn-async-")
     sets = [f"model={REPO}/tests/models/slow.py", f"data.files=[{toy}]", "train.epochs=3",
             "train.batch_size=32", "hparams.sleep=0.02", f"hparams.straggler={straggler}",
@@ -50,7 +50,7 @@ def main():
 
     events = 4096 if a.quick else 16384
     toy = write_regression(os.path.join(tempfile.mkdtemp(), "toy.h5"), events=events)
-    rows = [run(toy, alg, straggler, events) for straggler in (-1, 2) for alg in ALGORITHMS]
+    rows = [run(toy, alg, straggler) for straggler in (-1, 2) for alg in ALGORITHMS]
     base = {r["algorithm"]: r["samples_per_s"] for r in rows if not r["straggler"]}
     md = ["| algorithm | slow rank (5x) | samples/s | vs same algorithm, no straggler | steps per worker | staleness mean / max | val loss |",
           "|---|---|---|---|---|---|---|"]

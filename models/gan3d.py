@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from mpilearn.data.calo import measured_angle
-from mpilearn.train.gan import GANTask
+from mpilearn.train.gan import GANTask, build_networks
 
 DEFAULTS = {
     "variant": "angle",        # angle | fixed
@@ -172,14 +172,8 @@ def fixed_models(bn=True, dropout=0.2):
     return g, Discriminator(d_body, 11 * 11 * 11 * 8, "fixed")
 
 
-def networks(hp):
-    hp = {**DEFAULTS, **hp}
-    args = (bool(hp["batch_norm"]), float(hp["dropout"]))
-    if hp["variant"] == "fixed":
-        return fixed_models(*args)
-    if hp["variant"] != "angle":
-        raise ValueError(f"hparams.variant must be angle or fixed, got {hp['variant']!r}")
-    return small_angle_models(*args) if hp["preset"] == "small" else angle_models(*args)
+def networks(hparams):
+    return build_networks({**DEFAULTS, **hparams}, fixed_models, angle_models, small_angle_models)
 
 
 def build(hparams):

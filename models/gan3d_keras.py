@@ -13,6 +13,8 @@ import keras
 import numpy as np
 from keras import layers, ops
 
+from mpilearn.train.gan import build_networks
+
 DEFAULTS = {"variant": "angle", "preset": "full", "dropout": 0.2, "batch_norm": True,
             "lr": 1e-3, "loss_weights": None, "label_flip": 0.05, "angle_key": "mtheta",
             "seed": 0}
@@ -145,13 +147,7 @@ def fixed_models(bn=True, dropout=0.2):
 
 
 def networks(hparams):
-    hp = {**DEFAULTS, **hparams}
-    args = (bool(hp["batch_norm"]), float(hp["dropout"]))
-    if hp["variant"] == "fixed":
-        return fixed_models(*args)
-    if hp["variant"] != "angle":
-        raise ValueError(f"hparams.variant must be angle or fixed, got {hp['variant']!r}")
-    return small_angle_models(*args) if hp["preset"] == "small" else angle_models(*args)
+    return build_networks({**DEFAULTS, **hparams}, fixed_models, angle_models, small_angle_models)
 
 
 def _weighted_layers(model):

@@ -23,29 +23,10 @@ import keras
 import numpy as np
 
 from . import comm as _comm
+from . import init, local_rank, local_size, rank, size  # noqa: F401  (the Horovod names)
 
 Average = "average"
 Sum = "sum"
-
-
-def init(comm=None):
-    return _comm.init(comm)
-
-
-def rank() -> int:
-    return _comm.context().rank
-
-
-def size() -> int:
-    return _comm.context().size
-
-
-def local_rank() -> int:
-    return _comm.context().local_rank
-
-
-def local_size() -> int:
-    return _comm.context().local_size
 
 
 def _comm_of(comm):

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from conftest import ENV, REPO, mpirun, train_args
+from conftest import ENV, REPO, mpirun_cmd, train_args
 from mpilearn.launcher import detect, tasks_on_node
 
 MPICH = os.path.join(REPO, ".venv", "mpich")
@@ -33,20 +33,18 @@ def test_detection_order():
     assert tasks_on_node("2(x3),1", 3) == 1 and tasks_on_node("4", 0) == 4
 
 
-def run_training(launch, toy_file, tmp_path, env):
+def run_training(launch, toy_file, out, env):
     args = train_args("--set", f"model={REPO}/models/mlp.py", "--set", f"data.files=[{toy_file}]",
-                      "--set", "train.max_steps_per_epoch=2", "--output", str(tmp_path / "run"))
+                      "--set", "train.max_steps_per_epoch=2", "--output", str(out))
     return subprocess.run(launch + [sys.executable] + args, capture_output=True, text=True,
                           cwd=REPO, env={**ENV, **env}, timeout=300)
 
 
 def test_no_launcher_and_mpirun(toy_file, tmp_path):
-    alone = run_training([], toy_file, tmp_path, {})
+    alone = run_training([], toy_file, tmp_path / "run", {})
     assert alone.returncode == 0, alone.stderr
     assert "launcher none, 1 process(es); 1 rank(s) on this node" in alone.stdout
-    proc = mpirun(2, train_args("--set", f"model={REPO}/models/mlp.py", "--set",
-                                f"data.files=[{toy_file}]", "--set", "train.max_steps_per_epoch=2",
-                                "--output", str(tmp_path / "mpirun")))
+    proc = run_training(mpirun_cmd(2, [])[:-1], toy_file, tmp_path / "mpirun", {})
     assert proc.returncode == 0, proc.stderr
     assert "launcher mpirun, 2 process(es); 2 rank(s) on this node" in proc.stdout
 
@@ -61,7 +59,7 @@ def hydra():
 
 def test_mpich_hydra(hydra, toy_file, tmp_path):
     launch, env = hydra
-    proc = run_training(launch, toy_file, tmp_path, {**env, "MPI4PY_MPIABI": "mpich"})
+    proc = run_training(launch, toy_file, tmp_path / "run", {**env, "MPI4PY_MPIABI": "mpich"})
     assert proc.returncode == 0, proc.stderr
     assert "launcher hydra, 2 process(es); 2 rank(s) on this node" in proc.stdout
 
@@ -69,7 +67,7 @@ def test_mpich_hydra(hydra, toy_file, tmp_path):
 def test_an_mpi_that_is_not_the_launchers_is_a_clear_error(hydra, toy_file, tmp_path):
     # Hydra starts two processes, but mpi4py speaks Open MPI: each would be a lone rank 0
     launch, _ = hydra
-    proc = run_training(launch, toy_file, tmp_path, {})  # mpi4py finds the venv's Open MPI
+    proc = run_training(launch, toy_file, tmp_path / "run", {})  # mpi4py finds the venv's Open MPI
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.count("hydra started 2 processes but MPI sees a world of 1") == 1
     assert "use the mpiexec of the MPI that mpi4py was built against" in proc.stderr

@@ -32,7 +32,6 @@ import torch
 HEADER = 4                    # int64 slots before the payload
 TAG_EXCHANGE = 500            # + optimizer index
 TAG_DONE = 499
-ALGORITHMS = ("allreduce", "downpour", "easgd")
 
 
 def _is_keras(opt) -> bool:
@@ -48,6 +47,15 @@ def _params(opt) -> List[torch.Tensor]:
         return [torch.from_numpy(np.array(keras.ops.convert_to_numpy(v), dtype=np.float32))
                 for v in opt._trainable_variables]
     return [p for g in opt.param_groups for p in g["params"]]
+
+
+def _refresh(opt, params: List[torch.Tensor]) -> None:
+    """A Keras optimizer's torch copies take its variables' current values (after apply)."""
+    if _is_keras(opt):
+        import keras
+
+        for p, v in zip(params, opt._trainable_variables):
+            p.copy_(torch.from_numpy(np.asarray(keras.ops.convert_to_numpy(v))))
 
 
 def _write_back(opt, params: List[torch.Tensor]) -> None:
@@ -110,9 +118,7 @@ class _Worker:
 
     def after_step(self) -> None:
         if self.algorithm == "easgd" and self.since % self.sync_every == 0:
-            if _is_keras(self.opt):  # refresh the torch copies from the variables
-                for p, fresh in zip(self.flat.params, _params(self.opt)):
-                    p.copy_(fresh)
+            _refresh(self.opt, self.flat.params)
             self.exchange([p.data for p in self.flat.params])
 
     def exchange(self, tensors) -> None:
@@ -259,8 +265,7 @@ class Master:
         flat, opt = self.flats[k], self.opts[k]
         if _is_keras(opt):
             opt.apply([g.numpy().copy() for _, g in flat.views()], opt._trainable_variables)
-            for p, fresh in zip(flat.params, _params(opt)):
-                p.copy_(fresh)
+            _refresh(opt, flat.params)
         else:
             for p, g in flat.views():
                 p.grad = g.clone()

@@ -327,9 +327,9 @@ class Trainer:
 
         comm, workers = self.ctx.comm, self.ctx.size - 1
         if self.ctx.rank == 0:
-            stop = lambda: (preempt.requested() is not None or  # noqa: E731
-                            (self.deadline is not None and time.time() > self.deadline))
-            stats = self.master.serve_epoch(self.steps_per_epoch * workers, stop)
+            stats = self.master.serve_epoch(
+                self.steps_per_epoch * workers,
+                lambda: preempt.requested() is not None or self._past_deadline())
             done = stats.pop("workers")
             for w in done:
                 for k, v in w["losses"].items():
@@ -337,38 +337,45 @@ class Trainer:
                 self.acc["steps"] += w["steps"]
                 self.acc["samples"] += w["samples"]
             stats["steps_per_worker"] = [w["steps"] for w in done]
+            signalled = stats.pop("preempted") or preempt.requested() is not None
             reason = next((w["stopped"] for w in done if w.get("stopped")), None)
-            if reason is None and (stats.pop("preempted") or stop()):
-                late = self.deadline is not None and time.time() > self.deadline
-                reason = "deadline" if late and preempt.requested() is None else "preempted"
+            if reason is None and signalled:
+                reason = "preempted"
+            elif reason is None and self._past_deadline():
+                reason = "deadline"
             self.acc["async"] = stats
         else:
             asyncsgd.work_epoch(self, self.task)
             reason = None
-        reason = comm.bcast(reason if self.ctx.rank == 0 else None, root=0)
+        reason = comm.bcast(reason, root=0)
         asyncsgd.broadcast_centre(self.task, comm)
-        self.global_step += self.steps_per_epoch
         if reason == "preempted":  # the interrupted epoch runs again from the centre
-            self.global_step -= self.steps_per_epoch
             self.step_in_epoch, self.acc = 0, self._empty_acc()
-            raise preempt.Preempted(f"stop signal ({preempt.describe() if preempt.requested() else 'on another rank'})")
+            where = preempt.describe() if preempt.requested() else "on another rank"
+            raise preempt.Preempted(f"stop signal ({where})")
+        self.global_step += self.steps_per_epoch
         if reason == "deadline":
             raise TrainingStopped("the trial ran past its time limit")
         if reason is not None:
             raise TrainingStopped(reason)
         self.step_in_epoch = self.steps_per_epoch
 
+    def _past_deadline(self) -> bool:
+        return self.deadline is not None and time.time() > self.deadline
+
     def _check_stop(self) -> None:
-        """Collective, after every step: a stop signal on any rank, or the deadline."""
+        """Collective, after every step: a stop signal on any rank, or the deadline
+        (one 4-byte allreduce, no pickling: it is on every step)."""
         from .tasks import TrainingStopped
 
-        late = self.deadline is not None and time.time() > self.deadline
-        flags = self.ctx.comm.allreduce(int(preempt.requested() is not None) | int(late) << 1,
-                                        op=mcomm.mpi().BOR)
-        if flags & 1:
+        MPI = mcomm.mpi()
+        flags = np.array([int(preempt.requested() is not None) | int(self._past_deadline()) << 1],
+                         dtype=np.int32)
+        self.ctx.comm.Allreduce(MPI.IN_PLACE, flags, op=MPI.BOR)
+        if flags[0] & 1:
             self._account(self._epoch_start)
             raise preempt.Preempted(f"stop signal ({preempt.describe()})")
-        if flags & 2:
+        if flags[0] & 2:
             raise TrainingStopped("the trial ran past its time limit")
 
     def _account(self, start: float) -> None:

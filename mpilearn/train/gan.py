@@ -30,6 +30,18 @@ LATENT = {"angle": 256, "fixed": 200}
 EMPTY_GUARD_BATCHES = 10
 
 
+def build_networks(hp: dict, fixed, angle, small):
+    """(G, D) from the builder that ``hp``'s variant and preset name, called with
+    (batch_norm, dropout); the PyTorch and the Keras model files share this choice."""
+    if hp["variant"] == "fixed":
+        builder = fixed
+    elif hp["variant"] == "angle":
+        builder = small if hp["preset"] == "small" else angle
+    else:
+        raise ValueError(f"hparams.variant must be angle or fixed, got {hp['variant']!r}")
+    return builder(bool(hp["batch_norm"]), float(hp["dropout"]))
+
+
 def _clip(p):
     return p.clamp(1e-7, 1 - 1e-7)
 
@@ -153,14 +165,18 @@ class GANTask(Task):
         opt.step()
         return terms.detach().sum(0)
 
-    def train_step(self, batch) -> Dict[str, float]:
-        G, D = self.generator, self.discriminator
+    def _begin_step(self, batch):
+        """Event counts, the global-batch loss scale and this step's draws (one step on)."""
         n_local = len(batch["energy"])
         size = self.comm.Get_size() if self.comm is not None else 1
         n_global = self.comm.allreduce(n_local) if size > 1 else n_local
-        scale = size / max(n_global, 1)
         flips, noise = self._draws(batch["_index"], self.steps)
         self.steps += 1
+        return n_local, n_global, size / max(n_global, 1), flips, noise
+
+    def train_step(self, batch) -> Dict[str, float]:
+        G, D = self.generator, self.discriminator
+        n_local, n_global, scale, flips, noise = self._begin_step(batch)
         k = len(TERMS[self.variant])
         sums = torch.zeros(4, k, device=self.device)
         if n_local == 0:  # all events filtered here: take part in the allreduces with zeros

@@ -16,7 +16,7 @@ import numpy as np
 
 from .. import keras as mkeras
 from .gan import GANTask
-from .tasks import Task
+from .tasks import SupervisedTask, Task
 
 
 def _arrays(variables) -> List[np.ndarray]:
@@ -44,6 +44,8 @@ class KerasTask(Task):
                 mkeras.DistributedOptimizer(opt, comm=comm)
 
     def _variables_of(self, optimizer_name: str) -> list:
+        """What an optimizer updates: the model of the same name (tasks that name them
+        differently override this)."""
         return self.models()[optimizer_name].trainable_variables
 
     # -- learning rates, state ---------------------------------------------------------
@@ -101,23 +103,17 @@ class KerasTask(Task):
         return np.asarray(keras.ops.convert_to_numpy(keras.ops.stop_gradient(out)))
 
 
-class KerasSupervisedTask(KerasTask):
+class KerasSupervisedTask(KerasTask, SupervisedTask):
     """``loss(model(*inputs), target)`` minimised with a Keras optimizer; metrics are
-    callables ``(y_true, y_pred) -> mean`` like Keras losses."""
+    callables ``(y_true, y_pred) -> mean`` like Keras losses. Keys, names and ``transform``
+    as in :class:`SupervisedTask`."""
 
     def __init__(self, model, loss, optimizer, metrics: Optional[Dict[str, Callable]] = None,
                  inputs: Union[str, List[str]] = "X", target: str = "y",
                  transform: Optional[Callable[[dict], dict]] = None):
-        self.model, self.optimizer = model, optimizer
         fn = keras.losses.get(loss) if isinstance(loss, str) else loss
-        self.loss = lambda y, p: keras.ops.mean(fn(y, p))  # "mse" gives per-event values
-        self.metrics = dict(metrics or {})
-        self.inputs = [inputs] if isinstance(inputs, str) else list(inputs)
-        self.target = target
-        self.keys = self.inputs + [target]
-        self.loss_names = ["loss"]
-        self.val_names = ["loss", *self.metrics]
-        self._transform = transform
+        SupervisedTask.__init__(self, model, lambda y, p: keras.ops.mean(fn(y, p)),  # "mse"
+                                optimizer, metrics, inputs, target, transform)  # is per event
 
     @classmethod
     def from_compiled(cls, model) -> "KerasSupervisedTask":
@@ -126,14 +122,8 @@ class KerasSupervisedTask(KerasTask):
                              "loss and an optimizer (or return a KerasSupervisedTask)")
         return cls(model, model.loss, model.optimizer)
 
-    def models(self):
-        return {"model": self.model}
-
-    def optimizers(self):
-        return {"model": self.optimizer}
-
-    def transform(self, batch):
-        return self._transform(batch) if self._transform else batch
+    def _variables_of(self, optimizer_name: str) -> list:
+        return self.model.trainable_variables
 
     def _xs(self, batch):
         xs = [np.asarray(batch[k], dtype="float32") for k in self.inputs]
@@ -223,12 +213,7 @@ class KerasGANTask(KerasTask, GANTask):
         import torch
 
         G, D = self.generator, self.discriminator
-        n_local = len(batch["energy"])
-        size = self.comm.Get_size() if self.comm is not None else 1
-        n_global = self.comm.allreduce(n_local) if size > 1 else n_local
-        scale = size / max(n_global, 1)
-        flips, noise = self._draws(batch["_index"], self.steps)
-        self.steps += 1
+        n_local, n_global, scale, flips, noise = self._begin_step(batch)
         sums = np.zeros((4, len(self.kweights)))
         if n_local == 0:  # all events filtered here: take part in the allreduces with zeros
             for model, opt in ((D, self.d_opt), (D, self.d_opt), (G, self.g_opt), (G, self.g_opt)):
