@@ -8,7 +8,7 @@ collectives in the same order whatever the timing of its hooks.
 from __future__ import annotations
 
 import time
-from typing import Iterable, List
+from typing import Iterable, List, Optional
 
 import torch
 
@@ -22,33 +22,50 @@ class Bucket:
         self.ready = 0
         self.handle = None
 
-    def pack(self) -> None:
+    def pack(self, scale: float = 1.0) -> None:
         offset = 0
         for p in self.params:
             n = p.numel()
             if p.grad is None:  # no gradient on this rank: it still takes part, with zeros
                 self.buffer[offset:offset + n].zero_()
             else:
-                self.buffer[offset:offset + n].copy_(p.grad.reshape(-1))
+                grad = p.grad.to_dense() if p.grad.is_sparse else p.grad
+                self.buffer[offset:offset + n].copy_(grad.reshape(-1))
             offset += n
-
-    def unpack(self, scale: float) -> None:
         if scale != 1.0:
             self.buffer.mul_(scale)
+
+    def unpack(self, scale: float, source=None, keep_sparse: bool = False) -> None:
+        source = self.buffer if source is None else source
+        if scale != 1.0:
+            source.mul_(scale)
         offset = 0
         for p in self.params:
             n = p.numel()
-            view = self.buffer[offset:offset + n].view_as(p)
+            view = source[offset:offset + n].view_as(p)
             if p.grad is None:
-                p.grad = view.clone()
+                p.grad = view.to(p.dtype, copy=True)
+            elif p.grad.is_sparse:
+                p.grad = view.to(p.dtype).to_sparse() if keep_sparse else view.to(p.dtype, copy=True)
             else:
                 p.grad.copy_(view)
             offset += n
 
 
-def make_buckets(params: Iterable[torch.nn.Parameter], threshold_bytes: int) -> List[Bucket]:
-    buckets, current, size = [], [], 0
-    for p in reversed(list(params)):
+def make_buckets(params: Iterable[torch.nn.Parameter], threshold_bytes: int,
+                 groups: Optional[List[list]] = None) -> List[Bucket]:
+    """Buckets in reverse parameter order up to ``threshold_bytes``; each of ``groups``
+    (Horovod's explicit allreduce groups) is a bucket of its own, per dtype and device."""
+    params = list(params)
+    buckets: List[Bucket] = []
+    if groups:
+        grouped = {id(p) for g in groups for p in g}
+        for g in groups:
+            members = [p for p in params if id(p) in {id(q) for q in g}]
+            buckets += make_buckets(members, 1 << 62)
+        params = [p for p in params if id(p) not in grouped]
+    current, size = [], 0
+    for p in reversed(params):
         nbytes = p.numel() * p.element_size()
         compatible = not current or (p.dtype == current[0].dtype and p.device == current[0].device)
         if current and (size + nbytes > threshold_bytes or not compatible):
@@ -62,10 +79,15 @@ def make_buckets(params: Iterable[torch.nn.Parameter], threshold_bytes: int) -> 
 
 
 class GradientReducer:
-    """Averages (or sums) the gradients of ``params`` across the ranks of ``backend``."""
+    """Averages (or sums) the gradients of ``params`` across the ranks of ``backend``, with
+    Horovod's optimizer semantics: gradients accumulate locally over ``backward_passes``
+    backward passes before their bucket is reduced; ``compression`` is applied to whole
+    buckets; ``prescale``/``postscale`` multiply before and after the reduction."""
 
     def __init__(self, params, backend, size: int, threshold_bytes: int = 25 << 20,
-                 average: bool = True):
+                 average: bool = True, compression=None, backward_passes: int = 1,
+                 prescale: float = 1.0, postscale: float = 1.0, groups=None,
+                 sparse_as_dense: bool = False):
         self.params = [p for p in params if p.requires_grad]
         # the same parameter object must not be reduced twice (tied weights)
         seen, unique = set(), []
@@ -75,15 +97,28 @@ class GradientReducer:
                 unique.append(p)
         self.params = unique
         self.backend = backend
-        self.scale = 1.0 / size if average else 1.0
-        self.buckets = make_buckets(self.params, threshold_bytes)
+        self.prescale = prescale
+        self.scale = (postscale / size) if average else postscale
+        self.compression = compression
+        self.backward_passes = backward_passes
+        self.sparse_as_dense = sparse_as_dense
+        self.buckets = make_buckets(self.params, threshold_bytes, groups)
         self._bucket_of = {}
         for b in self.buckets:
             for p in b.params:
                 self._bucket_of[id(p)] = b
+        self._delay = {id(p): backward_passes for p in self.params}
         self._next = 0  # index of the next bucket to launch
         self._hooks = []
         self.seconds = 0.0  # time spent in communication calls and waits, since last reset
+
+    def layout(self) -> list:
+        """What every rank must agree on: bucket sizes and dtypes, in order."""
+        return [(b.numel, str(b.buffer.dtype)) for b in self.buckets]
+
+    def set_backward_passes(self, passes: int) -> None:
+        self.backward_passes = passes
+        self._delay = {k: passes for k in self._delay}
 
     # -- overlap with backward ------------------------------------------------------------
     def attach_hooks(self) -> None:
@@ -95,18 +130,27 @@ class GradientReducer:
             h.remove()
         self._hooks = []
 
+    def pending(self) -> bool:
+        """Whether any gradient was produced since the last synchronize."""
+        return any(d != self.backward_passes for d in self._delay.values())
+
     def _on_grad(self, p) -> None:
-        bucket = self._bucket_of[id(p)]
-        if bucket.handle is not None:
-            raise RuntimeError("a gradient was accumulated again after its allreduce started: "
-                               "call optimizer.step() (or synchronize()) after each backward")
-        bucket.ready += 1
-        self._launch_ready()
+        if self._delay[id(p)] <= 0:
+            raise AssertionError("Gradients were computed more than backward_passes_per_step "
+                                 "times before call to step(). Increase "
+                                 "backward_passes_per_step to accumulate gradients locally.")
+        self._delay[id(p)] -= 1
+        if self._delay[id(p)] == 0:
+            self._bucket_of[id(p)].ready += 1
+            self._launch_ready()
 
     def _launch(self, bucket: Bucket) -> None:
         start = time.perf_counter()
-        bucket.pack()
-        bucket.handle = self.backend.allreduce_async(bucket.buffer)
+        bucket.pack(self.prescale)
+        sent, ctx = bucket.buffer, None
+        if self.compression is not None:
+            sent, ctx = self.compression.compress(bucket.buffer)
+        bucket.handle = (self.backend.allreduce_async(sent), sent, ctx)
         self.seconds += time.perf_counter() - start
 
     def _launch_ready(self) -> None:
@@ -119,18 +163,30 @@ class GradientReducer:
 
     # -- completion -----------------------------------------------------------------------
     def synchronize(self) -> None:
-        """Launch what backward did not (missing gradients count as zeros), wait, average."""
+        """Launch what backward did not (missing gradients count as zeros), wait, scale."""
         while self._next < len(self.buckets):
             self._launch(self.buckets[self._next])
             self._next += 1
         start = time.perf_counter()
         for bucket in self.buckets:
-            self.backend.wait(bucket.handle)
-            bucket.unpack(self.scale)
+            handle, sent, ctx = bucket.handle
+            self.backend.wait(handle)
+            source = None
+            if self.compression is not None:
+                source = self.compression.decompress(sent, ctx)
+            bucket.unpack(self.scale, source, keep_sparse=not self.sparse_as_dense)
             bucket.handle = None
             bucket.ready = 0
         self._next = 0
+        self._delay = {k: self.backward_passes for k in self._delay}
         self.seconds += time.perf_counter() - start
+
+    def reset(self) -> None:
+        """Forget partial accumulation (after load_state_dict)."""
+        for b in self.buckets:
+            b.ready, b.handle = 0, None
+        self._next = 0
+        self._delay = {k: self.backward_passes for k in self._delay}
 
     def all_finite(self) -> bool:
         return all(bool(torch.isfinite(b.buffer).all()) for b in self.buckets)

@@ -291,7 +291,7 @@ def setup(task, comm, device: str, train: dict) -> Optional[Master]:
 
             mkeras.broadcast_variables(opt.variables, 0, comm)
         else:
-            mtorch.broadcast_optimizer_state(opt, 0, comm)
+            mtorch.broadcast_optimizer_state(opt, 0, comm=comm)
     if comm.Get_rank() == 0:
         return Master(opts, comm, train["algorithm"], train["elastic_force"], train["max_staleness"])
     for k, opt in enumerate(opts):
@@ -351,4 +351,4 @@ def broadcast_centre(task, comm) -> None:
 
             mkeras.broadcast_variables(model.variables, 0, comm)
         else:
-            mtorch.broadcast_parameters(model.state_dict(), 0, comm)
+            mtorch.broadcast_parameters(model.state_dict(), 0, comm=comm)

@@ -55,9 +55,9 @@ class Task:
         if not distributed:
             return
         for model in self.models().values():
-            mtorch.broadcast_parameters(model.state_dict(), 0, comm)
+            mtorch.broadcast_parameters(model.state_dict(), 0, comm=comm)
         for opt in self.optimizers().values():
-            mtorch.broadcast_optimizer_state(opt, 0, comm)
+            mtorch.broadcast_optimizer_state(opt, 0, comm=comm)
             mtorch.DistributedOptimizer(opt, backend=backend, comm=comm,
                                         fusion_threshold_bytes=fusion_bytes)
 
