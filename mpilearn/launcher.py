@@ -6,11 +6,14 @@ Detection order (the first that matches wins):
    ``_SIZE``, ``_LOCAL_RANK``, ``_LOCAL_SIZE``.
 2. MPICH / Intel MPI Hydra ``mpiexec``: ``PMI_RANK``, ``PMI_SIZE``, ``MPI_LOCALRANKID``,
    ``MPI_LOCALNRANKS``.
-3. SLURM ``srun`` (PMI-2 or PMIx): ``SLURM_STEP_ID`` with ``SLURM_PROCID``,
+3. ``torchrun`` (torch.distributed.run): ``TORCHELASTIC_RUN_ID`` with ``RANK``,
+   ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``. It starts processes but no MPI, so
+   every process is a world of one: refused with the command to use instead.
+4. SLURM ``srun`` (PMI-2 or PMIx): ``SLURM_STEP_ID`` with ``SLURM_PROCID``,
    ``SLURM_STEP_NUM_TASKS``, ``SLURM_LOCALID`` and this node's entry of
    ``SLURM_STEP_TASKS_PER_NODE``.
-4. Another PMIx launcher: ``PMIX_RANK``.
-5. None: one process (MPI starts as a singleton).
+5. Another PMIx launcher: ``PMIX_RANK``.
+6. None: one process (MPI starts as a singleton).
 
 The MPI launchers come before SLURM because ``mpirun`` inside an allocation inherits the
 batch step's ``SLURM_*`` variables, which describe the allocation, not this process.
@@ -32,7 +35,7 @@ from .comm import UsageError
 
 @dataclass(frozen=True)
 class Launch:
-    name: str           # "none", "mpirun", "hydra", "srun", "pmix"
+    name: str           # "none", "mpirun", "hydra", "torchrun", "srun", "pmix"
     rank: int
     size: Optional[int]  # None where the launcher does not say (bare PMIx)
     local_rank: Optional[int] = None
@@ -66,6 +69,9 @@ def detect(env: Mapping[str, str] = os.environ) -> Launch:
     if "PMI_RANK" in env and "PMI_SIZE" in env:
         return Launch("hydra", _int(env, "PMI_RANK"), _int(env, "PMI_SIZE"),
                       _int(env, "MPI_LOCALRANKID"), _int(env, "MPI_LOCALNRANKS"))
+    if "TORCHELASTIC_RUN_ID" in env and "RANK" in env:
+        return Launch("torchrun", _int(env, "RANK"), _int(env, "WORLD_SIZE"),
+                      _int(env, "LOCAL_RANK"), _int(env, "LOCAL_WORLD_SIZE"))
     if "SLURM_STEP_ID" in env and "SLURM_PROCID" in env:
         local_size = None
         if "SLURM_STEP_TASKS_PER_NODE" in env and "SLURM_NODEID" in env:
@@ -77,21 +83,33 @@ def detect(env: Mapping[str, str] = os.environ) -> Launch:
     return Launch("none", 0, 1, 0, 1)
 
 
-def check(launch: Launch, mpi_rank: int, mpi_size: int) -> None:
-    """Raise UsageError when the launcher started N processes but MPI sees a world of 1."""
-    if launch.size and launch.size > 1 and mpi_size == 1:
-        if launch.rank:
-            sys.exit(2)  # every process is a rank 0 now: only the launcher's first one speaks
-        fix = {"srun": "launch with srun --mpi=pmix (or pmi2; see srun --mpi=list), or build "
-                       "mpi4py against the site MPI",
-               "hydra": "use the mpiexec of the MPI that mpi4py was built against",
-               "mpirun": "use the mpirun of the MPI that mpi4py was built against"}
-        raise UsageError(
-            f"{launch.name} started {launch.size} processes but MPI sees a world of 1 in each "
+def mismatch(launch: Launch, mpi_size: int) -> Optional[str]:
+    """The error when the launcher started N processes but MPI sees a world of 1, else None."""
+    if not (launch.size and launch.size > 1 and mpi_size == 1):
+        return None
+    if launch.name == "torchrun":
+        return (f"torchrun started {launch.size} processes, but mpilearn runs on MPI and torchrun "
+                "starts none, so each process would be a separate one-rank job writing into the "
+                f"same place: launch with mpirun -np {launch.size} (or srun, or "
+                f"mpilearn-run -np {launch.size}) instead of torchrun --nproc_per_node")
+    fix = {"srun": "launch with srun --mpi=pmix (or pmi2; see srun --mpi=list), or build "
+                   "mpi4py against the site MPI",
+           "hydra": "use the mpiexec of the MPI that mpi4py was built against",
+           "mpirun": "use the mpirun of the MPI that mpi4py was built against"}
+    return (f"{launch.name} started {launch.size} processes but MPI sees a world of 1 in each "
             f"(process {launch.rank}): mpi4py's MPI library is not the one the launcher speaks "
             f"to; {fix.get(launch.name, 'check the launcher')}. "
             "python -c 'import mpi4py.MPI as M; print(M.Get_library_version())' shows which MPI "
             "mpi4py uses")
+
+
+def check(launch: Launch, mpi_rank: int, mpi_size: int) -> None:
+    """Raise UsageError when the launcher started N processes but MPI sees a world of 1."""
+    message = mismatch(launch, mpi_size)
+    if message is not None:
+        if launch.rank:
+            sys.exit(2)  # every process is a rank 0 now: only the launcher's first one speaks
+        raise UsageError(message)
     if launch.size and launch.size == mpi_size and launch.rank != mpi_rank:
         # harmless for training, but worth knowing when reading per-rank logs
         print(f"mpilearn: note: launcher rank {launch.rank} is MPI rank {mpi_rank}", flush=True)

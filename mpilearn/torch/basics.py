@@ -144,6 +144,12 @@ def init(comm=None, process_sets=None):
         process_sets = []
     if _WORLD is None or (comm is not None and comm is not _WORLD.ctx.comm):
         ctx = _comm.init(comm)
+        if comm is None:
+            from ..launcher import detect, mismatch
+
+            problem = mismatch(detect(), ctx.size)
+            if problem is not None:
+                raise ValueError(problem)
         cross = ctx.comm.Split(ctx.local_rank, ctx.rank)
         if _WORLD is not None:
             shutdown()

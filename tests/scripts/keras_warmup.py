@@ -1,4 +1,5 @@
-"""LearningRateWarmupCallback under model.fit(): prints the lr seen at each batch (rank 0)."""
+"""LearningRateWarmupCallback under model.fit(), with Horovod's convention (initial_lr is the
+scaled rate): prints the lr seen at each batch (rank 0)."""
 import json
 import sys
 
@@ -21,7 +22,8 @@ model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.01)), lo
               jit_compile=False)
 x, y = np.ones((8, 4), "float32"), np.ones((8, 1), "float32")
 model.fit(x, y, batch_size=2, epochs=1, shuffle=False, verbose=0,
-          callbacks=[hvd.LearningRateWarmupCallback(0.01, warmup_epochs=1, steps_per_epoch=4),
+          callbacks=[hvd.callbacks.LearningRateWarmupCallback(initial_lr=0.01 * hvd.size(),
+                                                               warmup_epochs=1, steps_per_epoch=4),
                      Record()])
 if hvd.rank() == 0:
     print(json.dumps(seen))

@@ -1,0 +1,196 @@
+"""Gradient averaging for Keras 3 optimizers (TensorFlow and torch backends).
+
+Gradients are averaged over the ranks in one fused buffer, through the same allreduce
+backend as the torch path, before the Keras optimizer applies them. This works in a custom
+loop (GradientTape, or ``loss.backward()`` on the torch backend) and under ``model.fit()``,
+including TensorFlow's compiled train step: there the allreduce is a ``tf.numpy_function``,
+which XLA cannot compile, so our callbacks turn ``jit_compile`` off (it is off on CPU-only
+TensorFlow anyway).
+"""
+from __future__ import annotations
+
+import time
+from typing import List
+
+import keras
+import numpy as np
+
+from .. import comm as _comm
+from ..torch.basics import global_process_set, state_of
+from ..torch.compression import Compression
+from ..torch.engine import Adasum, Average, Sum
+
+
+def backend_name() -> str:
+    name = keras.backend.backend()
+    if name not in ("tensorflow", "torch"):
+        raise NotImplementedError(f"mpilearn.keras supports the tensorflow and torch backends, "
+                                  f"not {name!r}")
+    return name
+
+
+def comm_of(comm=None, process_set=global_process_set):
+    if comm is not None:
+        return comm
+    try:
+        return state_of(process_set).comm
+    except ValueError:  # mpilearn.init() (not the Horovod-shaped one) was used
+        return _comm.context().comm
+
+
+def _fused_allreduce_(flat, comm, average: bool, prescale: float = 1.0, postscale: float = 1.0):
+    """In place on a flat torch tensor: the fused-buffer backend of mpilearn.torch."""
+    from ..torch.optimizer import get_backend
+
+    if prescale != 1.0:
+        flat *= prescale
+    backend = get_backend("mpi", comm, str(flat.device))
+    backend.wait(backend.allreduce_async(flat))
+    scale = postscale / comm.Get_size() if average else postscale
+    if scale != 1.0:
+        flat *= scale
+
+
+def allreduce_arrays(arrays: List[np.ndarray], comm=None, average: bool = True,
+                     wire_dtype=None, prescale: float = 1.0, postscale: float = 1.0) -> List[np.ndarray]:
+    """Sum or mean of each array over the ranks, sent as one buffer; dtypes are kept.
+    ``wire_dtype`` (e.g. float16 for Compression.fp16) is what the values travel as."""
+    import torch
+
+    comm = comm_of(comm)
+    arrays = [np.asarray(a) for a in arrays]
+    if not arrays:
+        return arrays
+    common = np.float64 if any(a.dtype == np.float64 for a in arrays) else np.float32
+    flat = np.concatenate([a.astype(common).ravel() for a in arrays])
+    if wire_dtype is not None:
+        flat = flat.astype(wire_dtype)
+    if comm.Get_size() > 1 or wire_dtype is not None or prescale != 1.0 or postscale != 1.0:
+        _fused_allreduce_(torch.from_numpy(flat), comm, average, prescale, postscale)
+    out, offset = [], 0
+    for a in arrays:
+        out.append(flat[offset:offset + a.size].reshape(a.shape).astype(a.dtype))
+        offset += a.size
+    return out
+
+
+def allreduce_tensors(grads: list, comm, average: bool = True, wire_dtype=None,
+                      prescale: float = 1.0, postscale: float = 1.0) -> list:
+    """Backend tensors in, backend tensors out; inside a tf.function as well."""
+    plain = wire_dtype is None and prescale == 1.0 and postscale == 1.0
+    if comm.Get_size() == 1 and plain:
+        return grads
+    if backend_name() == "torch":
+        import torch
+
+        flat = torch.cat([g.detach().reshape(-1) for g in grads])
+        if wire_dtype is not None:
+            wire = flat.to(getattr(torch, np.dtype(wire_dtype).name))
+            _fused_allreduce_(wire, comm, average, prescale, postscale)
+            flat = wire.to(flat.dtype)
+        else:
+            _fused_allreduce_(flat, comm, average, prescale, postscale)
+        return [piece.view_as(g) for piece, g in zip(torch.split(flat, [g.numel() for g in grads]), grads)]
+    import tensorflow as tf
+
+    def reduce(*arrays):
+        return allreduce_arrays(list(arrays), comm, average, wire_dtype, prescale, postscale)
+
+    dense = [tf.convert_to_tensor(g) for g in grads]  # IndexedSlices -> dense
+    if tf.executing_eagerly():
+        return [tf.convert_to_tensor(a) for a in reduce(*[g.numpy() for g in dense])]
+    out = tf.numpy_function(reduce, dense, [g.dtype for g in dense], stateful=True,
+                            name="mpilearn_allreduce")
+    for o, g in zip(out, dense):
+        o.set_shape(g.shape)
+    return list(out)
+
+
+class _DistributedMixin:
+    """Mixed into the user's optimizer class: ``apply`` reduces the gradients first; with
+    ``backward_passes_per_step`` > 1 it accumulates them locally and applies every N-th call."""
+
+    def apply(self, grads, trainable_variables=None):
+        grads = list(grads)
+        if self._mpilearn_passes > 1:
+            grads = self._accumulate(grads)
+            if grads is None:
+                return None
+        start = time.perf_counter()
+        present = [i for i, g in enumerate(grads) if g is not None]
+        cfg = self._mpilearn
+        reduced = allreduce_tensors([grads[i] for i in present], cfg["comm"], cfg["average"],
+                                    cfg["wire"], cfg["prescale"], cfg["postscale"])
+        for i, g in zip(present, reduced):
+            grads[i] = g
+        # time of the averaging (eager calls; under a compiled fit() it is part of the graph)
+        self._mpilearn_seconds = getattr(self, "_mpilearn_seconds", 0.0) + time.perf_counter() - start
+        return super().apply(grads, trainable_variables)
+
+    def _accumulate(self, grads):
+        """Eager accumulation over backward_passes_per_step calls (Horovod's local gradient
+        aggregation); returns the aggregate on the N-th call, else None."""
+        if backend_name() == "tensorflow":
+            import tensorflow as tf
+
+            if not tf.executing_eagerly():
+                raise NotImplementedError(
+                    "backward_passes_per_step > 1 needs eager execution on TensorFlow: compile "
+                    "with run_eagerly=True (or use the torch backend)")
+        arrays = [None if g is None else np.asarray(keras.ops.convert_to_numpy(g)) for g in grads]
+        acc = self._mpilearn_acc
+        self._mpilearn_acc = arrays if acc is None else [
+            a if b is None else (b if a is None else a + b) for a, b in zip(arrays, acc)]
+        self._mpilearn_count += 1
+        if self._mpilearn_count < self._mpilearn_passes:
+            return None
+        total, self._mpilearn_acc, self._mpilearn_count = self._mpilearn_acc, None, 0
+        if self._mpilearn_average_aggregated:
+            total = [None if t is None else t / self._mpilearn_passes for t in total]
+        return [None if t is None else keras.ops.convert_to_tensor(t) for t in total]
+
+    @property
+    def allreduce_seconds(self) -> float:
+        seconds, self._mpilearn_seconds = getattr(self, "_mpilearn_seconds", 0.0), 0.0
+        return seconds
+
+
+def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="",
+                         compression=Compression.none, sparse_as_dense=False,
+                         gradient_predivide_factor=1.0, op=Average, backward_passes_per_step=1,
+                         average_aggregated_gradients=False, num_groups=0, groups=None,
+                         process_set=global_process_set, scale_local_gradients=True, *,
+                         comm=None):
+    """Wrap a Keras optimizer so that it applies gradients averaged (or summed) over the
+    ranks (``horovod.tensorflow.keras`` arguments; ``comm`` is mpilearn's). The object stays
+    an instance of the user's optimizer class. ``device_*``, ``sparse_as_dense``, groups and
+    ``scale_local_gradients`` are accepted for compatibility: all gradients travel dense, in
+    one fused buffer."""
+    backend_name()
+    if op == Adasum:
+        raise NotImplementedError("Adasum is not implemented by mpilearn: use op=hvd.Average")
+    if op not in (Average, Sum):
+        raise ValueError("DistributedOptimizer supports op=hvd.Average or hvd.Sum")
+    if gradient_predivide_factor != 1.0 and op != Average:
+        raise ValueError("gradient_predivide_factor not supported with op != Average")
+    if backward_passes_per_step <= 0:
+        raise ValueError("backward_passes_per_step must be > 0")
+    if compression is Compression.bf16:
+        raise ValueError("Compression.bf16 is not available for Keras (numpy has no bfloat16); "
+                         "use Compression.fp16")
+    if compression not in (Compression.none, Compression.fp16):
+        raise ValueError("mpilearn.keras supports Compression.none and Compression.fp16")
+    base = optimizer.__class__
+    # same module and name as the base, so saved models carry the plain optimizer
+    optimizer.__class__ = type(base.__name__, (_DistributedMixin, base),
+                               {"__module__": base.__module__, "__qualname__": base.__qualname__})
+    prescale, postscale = 1.0, 1.0
+    if gradient_predivide_factor != 1.0:
+        prescale, postscale = 1.0 / gradient_predivide_factor, gradient_predivide_factor
+    wire = {Compression.fp16: np.float16}.get(compression)
+    optimizer._mpilearn = {"comm": comm_of(comm, process_set), "average": op == Average,
+                           "wire": wire, "prescale": prescale, "postscale": postscale}
+    optimizer._mpilearn_passes = backward_passes_per_step
+    optimizer._mpilearn_average_aggregated = average_aggregated_gradients
+    optimizer._mpilearn_acc, optimizer._mpilearn_count = None, 0
+    return optimizer

@@ -1,0 +1,1 @@
+"""Horovod's import path: ``import mpilearn.tensorflow.keras as hvd`` is ``mpilearn.keras``."""
