@@ -105,6 +105,7 @@ $(HVD_STAMP): $(STAMP)
 bench: $(STAMP) $(HVD_STAMP)
 	$(BIN)/pip install -q optuna
 	mpirun -np 2 --oversubscribe $(BIN)/python bench/allreduce_cost.py bench/results/allreduce_cost
+	$(BIN)/python bench/horovod_api.py $(BENCH)
 	$(BIN)/python bench/throughput.py $(BENCH) --backends mpi,torch,horovod
 	$(BIN)/python bench/scaling_model.py
 	$(BIN)/python bench/hpo_coordinator.py $(BENCH)

@@ -10,28 +10,23 @@ raw allreduce time vs message size, for the scaling model.
 import json
 import os
 import sys
-import time
 
 import numpy as np
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "models"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gan3d  # noqa: E402
 
 import mpilearn.torch as hvd  # noqa: E402
+from common import median_seconds  # noqa: E402
 from mpilearn.allreduce.fusion import GradientReducer  # noqa: E402
 
 REPEATS = 30
 
 
 def med(fn, comm):
-    times = []
-    for _ in range(REPEATS):
-        comm.Barrier()
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return float(np.median(times))
+    return median_seconds(fn, comm, REPEATS)
 
 
 def main():

@@ -8,6 +8,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RES = os.path.join(REPO, "bench", "results")
 SECTIONS = [("throughput", "Data-parallel training throughput (np=1 and 2, same global batch)"),
             ("allreduce_cost", "Allreduce cost per step vs one raw MPI_Allreduce of the same bytes (np=2)"),
+            ("horovod_api", "Horovod API side by side with Horovod 0.28.1 (np=2)"),
             ("scaling", "Weak-scaling projection for the angle 3DGAN"),
             ("hpo_coordinator", "HPO coordinator: decision latency and block utilisation"),
             ("hpo_quality", "HPO quality vs Optuna TPE"),

@@ -13,3 +13,20 @@ def write(out: str, data, markdown: list) -> None:
     with open(out + ".md", "w") as f:
         f.write("\n".join(markdown) + "\n")
     print("\n".join(markdown))
+
+
+def median_seconds(fn, comm, repeats: int, warmup: int = 0) -> float:
+    """Median wall time of ``fn()`` over ``repeats`` calls, all ranks starting together."""
+    import time
+
+    import numpy as np
+
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        comm.Barrier()
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return float(np.median(times))

@@ -18,7 +18,8 @@ import numpy as np
 from .. import comm as _comm
 from ..torch.basics import global_process_set, state_of
 from ..torch.compression import Compression
-from ..torch.engine import Adasum, Average, Sum
+from ..torch.engine import Average
+from ..torch.optimizer import check_arguments
 
 
 def backend_name() -> str:
@@ -167,14 +168,7 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     ``scale_local_gradients`` are accepted for compatibility: all gradients travel dense, in
     one fused buffer."""
     backend_name()
-    if op == Adasum:
-        raise NotImplementedError("Adasum is not implemented by mpilearn: use op=hvd.Average")
-    if op not in (Average, Sum):
-        raise ValueError("DistributedOptimizer supports op=hvd.Average or hvd.Sum")
-    if gradient_predivide_factor != 1.0 and op != Average:
-        raise ValueError("gradient_predivide_factor not supported with op != Average")
-    if backward_passes_per_step <= 0:
-        raise ValueError("backward_passes_per_step must be > 0")
+    check_arguments(op, gradient_predivide_factor, backward_passes_per_step)
     if compression is Compression.bf16:
         raise ValueError("Compression.bf16 is not available for Keras (numpy has no bfloat16); "
                          "use Compression.fp16")

@@ -30,14 +30,7 @@ class SetState:
         self.queue: list = []             # submitted, unfinished operations, in order
         self.pending_names: Dict[str, object] = {}
         self.rounds = 0                   # metadata rounds so far (the same on every member)
-
-    @property
-    def rank(self) -> int:
-        return self.comm.Get_rank()
-
-    @property
-    def size(self) -> int:
-        return self.comm.Get_size()
+        self.rank, self.size = comm.Get_rank(), comm.Get_size()
 
     def free(self) -> None:
         for c in (self.meta, self.data, self.aux, self.sync):

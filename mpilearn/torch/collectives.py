@@ -45,6 +45,27 @@ def _scale(array: np.ndarray, factor: float) -> np.ndarray:
     return array
 
 
+def _reduction_input(tensor: torch.Tensor, prescale: float) -> np.ndarray:
+    """A flat host copy in the dtype MPI reduces, scaled by ``prescale``."""
+    work = tensor.detach().to(E.reduction_dtype(tensor.dtype))
+    return _scale(np.array(E.host_array(work), copy=True).reshape(-1), prescale)
+
+
+def _reduced(result: np.ndarray, reduce_op: int, postscale: float, n: int,
+             dtype: torch.dtype) -> torch.Tensor:
+    """The reduced buffer as a flat tensor of ``dtype``: averaged over ``n`` for Average
+    (integers toward zero), times ``postscale``; bool back from its int32 sum."""
+    if reduce_op == Average:
+        if np.issubdtype(result.dtype, np.integer) and postscale == 1.0:
+            result = (np.sign(result) * (np.abs(result) // n)).astype(result.dtype)
+        else:
+            result = _scale(result, postscale / n)
+    else:
+        result = _scale(result, postscale)
+    value = torch.from_numpy(result)
+    return (value != 0) if dtype == torch.bool else value.to(dtype)
+
+
 def _numpy_dtype(dtype: torch.dtype):
     return torch.empty(0, dtype=dtype).numpy().dtype
 
@@ -107,24 +128,11 @@ def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1
                                   "(or hvd.Sum)")
     state = state_of(process_set, comm)
     out = tensor if _output is None else _output
-    work_dtype = E.reduction_dtype(tensor.dtype)
-    local = np.array(E.host_array(tensor.detach().to(work_dtype)), copy=True).reshape(-1)
-    _scale(local, prescale_factor)
-    n = state.size
+    local = _reduction_input(tensor, prescale_factor)
 
     def finish(o):
-        result = o.buffer
-        if reduce_op == Average:
-            if np.issubdtype(result.dtype, np.integer) and postscale_factor == 1.0:
-                result = (np.sign(result) * (np.abs(result) // n)).astype(result.dtype)
-            else:
-                result = _scale(result, postscale_factor / n)
-        else:
-            result = _scale(result, postscale_factor)
-        value = torch.from_numpy(result).reshape(tensor.shape)
-        if tensor.dtype == torch.bool:
-            value = value != 0
-        out.data.copy_(value.to(tensor.dtype))
+        value = _reduced(o.buffer, reduce_op, postscale_factor, state.size, tensor.dtype)
+        out.data.copy_(value.reshape(tensor.shape))
         return out
 
     return _submit(state, ALLREDUCE, name, tensor, _allreduce_start(local), finish,
@@ -327,24 +335,11 @@ def reducescatter_async(tensor, name=None, op=Average, process_set=global_proces
     if tensor.dim() == 0:
         raise ValueError("reducescatter needs a tensor of at least one dimension")
     state = state_of(process_set, comm)
-    n = state.size
-    local = np.array(E.host_array(tensor.detach().to(E.reduction_dtype(tensor.dtype))),
-                     copy=True).reshape(-1)
-    _scale(local, prescale_factor)
+    local = _reduction_input(tensor, prescale_factor)
 
     def finish(o):
-        result = o.buffer
-        if reduce_op == Average:
-            if np.issubdtype(result.dtype, np.integer) and postscale_factor == 1.0:
-                result = (np.sign(result) * (np.abs(result) // n)).astype(result.dtype)
-            else:
-                result = _scale(result, postscale_factor / n)
-        else:
-            result = _scale(result, postscale_factor)
-        value = torch.from_numpy(result).reshape([o.my_rows] + list(tensor.shape[1:]))
-        if tensor.dtype == torch.bool:
-            value = value != 0
-        return value.to(tensor.dtype).to(tensor.device)
+        value = _reduced(o.buffer, reduce_op, postscale_factor, state.size, tensor.dtype)
+        return value.reshape([o.my_rows] + list(tensor.shape[1:])).to(tensor.device)
 
     return _submit(state, REDUCESCATTER, name, tensor, _reducescatter_start(local), finish,
                    op=reduce_op, prescale=prescale_factor, postscale=postscale_factor)

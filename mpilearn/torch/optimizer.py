@@ -105,6 +105,18 @@ class _DistributedMixin:
         return self._reducer.pop_seconds() if self._reducer is not None else 0.0
 
 
+def check_arguments(op, gradient_predivide_factor, backward_passes_per_step) -> None:
+    """Horovod's checks, shared by the PyTorch and the Keras DistributedOptimizer."""
+    if op == Adasum:
+        raise NotImplementedError("Adasum is not implemented by mpilearn: use op=hvd.Average")
+    if op not in (Average, Sum):
+        raise ValueError("DistributedOptimizer supports op=hvd.Average or hvd.Sum")
+    if gradient_predivide_factor != 1.0 and op != Average:
+        raise ValueError("gradient_predivide_factor not supported with op != Average")
+    if backward_passes_per_step <= 0:
+        raise ValueError("backward_passes_per_step must be > 0")
+
+
 def _named(optimizer, named_parameters):
     """Horovod's checks on ``named_parameters``; returns the list of (name, param)."""
     if named_parameters is None:
@@ -157,14 +169,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     """Wrap ``optimizer`` so that ``step()`` applies gradients reduced over the process set
     (Horovod's arguments; ``backend``, ``comm`` and ``fusion_threshold_bytes`` are
     mpilearn's: the gradient transport, an explicit communicator, and the bucket size)."""
-    if op == Adasum:
-        raise NotImplementedError("Adasum is not implemented by mpilearn: use op=hvd.Average")
-    if op not in (Average, Sum):
-        raise ValueError("DistributedOptimizer supports op=hvd.Average or hvd.Sum")
-    if gradient_predivide_factor != 1.0 and op != Average:
-        raise ValueError("gradient_predivide_factor not supported with op != Average")
-    if backward_passes_per_step <= 0:
-        raise ValueError("backward_passes_per_step must be > 0")
+    check_arguments(op, gradient_predivide_factor, backward_passes_per_step)
     _named(optimizer, named_parameters)
     params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
     group_list = _groups(params, num_groups, groups)

@@ -52,22 +52,23 @@ raises_everywhere("grouped", lambda: hvd.grouped_allreduce([torch.zeros(2), torc
 # a duplicate pending name is a ValueError on the rank that submits it, at once (Horovod's
 # own test: rank 0 submits while the others still wait in a barrier)
 tensor = torch.zeros(17, 17, 17)
-if R == 0:
+
+
+def submit_then_duplicates(tries):
     hvd.allreduce_async(tensor, name="duplicate_name")
-    for _ in range(10):
+    for _ in range(tries):
         try:
             hvd.allreduce_async(tensor, name="duplicate_name")
             raise AssertionError("no ValueError for a duplicate name")
         except ValueError:
             pass
+
+
+if R == 0:
+    submit_then_duplicates(10)
 hvd.barrier()
 if R > 0:
-    hvd.allreduce_async(tensor, name="duplicate_name")
-    try:
-        hvd.allreduce_async(tensor, name="duplicate_name")
-        raise AssertionError("no ValueError for a duplicate name")
-    except ValueError:
-        pass
+    submit_then_duplicates(1)
 hvd.barrier()
 assert hvd.allreduce(torch.ones(1), op=hvd.Sum).item() == N
 print("ok duplicate name", flush=True)
