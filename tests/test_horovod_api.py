@@ -143,6 +143,14 @@ def test_ported_tf2_keras_fit_trains_like_one_process(tmp_path):
     assert "finished gradual learning rate warmup" in warm.stdout
 
 
+@pytest.mark.parametrize("backend", ["tensorflow", "torch"])
+def test_keras_collectives_callbacks_and_accumulation(backend, tmp_path):
+    proc = mpirun(2, [f"{SCRIPTS}/hvd_keras_api.py", str(tmp_path)], timeout=300,
+                  env={**KERAS_ENV, "KERAS_BACKEND": backend})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert len(ok_lines(proc)) == 4 * 2
+
+
 def _horovod_installed() -> bool:
     proc = subprocess.run([sys.executable, "-c", "import horovod.torch"], capture_output=True,
                           env=ENV, timeout=120)
