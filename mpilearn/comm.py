@@ -115,6 +115,46 @@ def install_abort_hook(comm) -> None:
 
     sys.excepthook = report_and_abort
     threading.excepthook = thread_hook
+    if world.Get_size() > 1:
+        install_exit_guard(world)
+
+
+EXIT_WAIT_S = float(os.environ.get("MPILEARN_EXIT_WAIT", "10"))
+
+
+def install_exit_guard(world) -> None:
+    """``sys.exit()`` on one rank while the others still run would hang the job: Python calls
+    no excepthook for SystemExit, and the exiting rank would block in MPI_Finalize while the
+    others wait for it in a collective. At exit, every rank enters a non-blocking barrier; a
+    rank that called ``sys.exit`` and finds the others not there within ``MPILEARN_EXIT_WAIT``
+    seconds (10) aborts the job, naming itself and its exit code. A rank that simply reaches the
+    end of its script waits as MPI_Finalize would (rank 0 may still be finishing its work)."""
+    import atexit
+    import time
+
+    guard = world.Dup()
+    rank = world.Get_rank()
+    called = {}
+    plain_exit = sys.exit
+
+    def recording_exit(code=None):
+        called["code"] = code
+        plain_exit(code)
+
+    def at_exit():
+        request = guard.Ibarrier()
+        deadline = time.monotonic() + EXIT_WAIT_S if "code" in called else None
+        while not request.Test():
+            if deadline is not None and time.monotonic() > deadline:
+                code = called["code"]
+                sys.stderr.write(f"rank {rank}: exited with sys.exit({code!r}) while other ranks "
+                                 "were still running; aborting the job\n")
+                sys.stderr.flush()
+                world.Abort(code if isinstance(code, int) and code > 0 else 1)
+            time.sleep(0.005)
+
+    sys.exit = recording_exit
+    atexit.register(at_exit)
 
 
 def fail_usage(comm, message: Optional[str]) -> None:
