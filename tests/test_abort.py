@@ -1,5 +1,5 @@
 """A crash on one rank ends the whole job with that rank's traceback, never a hang."""
-from conftest import TESTS, mpirun, train_args
+from conftest import REPO, TESTS, mpirun, train_args
 
 
 def test_exception_on_rank1_aborts_4_rank_job(toy_file, tmp_path):
@@ -41,3 +41,26 @@ def test_a_rank_finishing_late_is_not_aborted():
     together = mpirun(3, [f"{TESTS}/scripts/exit_late.py", "0.5", "exit"], timeout=120,
                       env={"MPILEARN_EXIT_WAIT": "5"})
     assert together.returncode == 0, together.stderr[-2000:]
+
+
+def test_nan_inputs_leave_latest_on_the_last_good_step(toy_file, tmp_path):
+    import torch
+
+    from mpilearn.train.checkpoint import latest, load
+
+    common = ("--set", f"data.files=[{toy_file}]", "--set", "train.batch_size=8",
+              "--set", "train.epochs=1")
+    stopped = mpirun(2, train_args("--set", f"model={TESTS}/models/nan_inputs.py", *common,
+                                   "--output", str(tmp_path / "nan")), timeout=120)
+    assert stopped.returncode == 3, stopped.stderr[-2000:]
+    assert "non-finite gradients, step skipped" in stopped.stdout + stopped.stderr
+    two = mpirun(2, train_args("--set", f"model={REPO}/models/mlp.py", *common,
+                               "--set", "train.max_steps_per_epoch=2",
+                               "--output", str(tmp_path / "two")), timeout=120)
+    assert two.returncode == 0, two.stderr[-2000:]
+    poisoned = load(latest(str(tmp_path / "nan" / "checkpoints")))
+    good = load(latest(str(tmp_path / "two" / "checkpoints")))
+    weights = poisoned["task"]["models"]["model"]
+    for k, v in good["task"]["models"]["model"].items():
+        assert torch.isfinite(weights[k]).all(), k
+        assert torch.equal(weights[k], v), k  # the step-2 state, exactly

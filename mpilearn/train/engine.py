@@ -249,7 +249,7 @@ class Trainer:
             raise
         except TrainingStopped as stop:
             if self.ctx.rank == 0:
-                # the step that raised had run its updates: count it
+                # the step that raised is reported; a non-finite one was skipped, not applied
                 append_jsonl(self.metrics_path, {"epoch": self.epoch + 1,
                                                  "step": self.global_step + 1, "stopped": str(stop)})
             self._save()

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from ..data.calo import GEOMETRY, Preprocess
-from .tasks import Task, TrainingStopped
+from .tasks import Task, TrainingStopped, guarded_step
 
 DEFAULT_WEIGHTS = {"angle": [3.0, 0.1, 25.0, 0.1], "fixed": [2.0, 0.1, 0.1]}
 TERMS = {"angle": ["bce", "aux", "angle", "ecal"], "fixed": ["bce", "aux", "ecal"]}
@@ -162,7 +162,7 @@ class GANTask(Task):
         terms = self._terms(model_out, label, *targets)
         loss = (terms * self.weights).sum() * scale
         loss.backward()
-        opt.step()
+        guarded_step(opt, "3DGAN update")
         return terms.detach().sum(0)
 
     def _begin_step(self, batch):
@@ -182,7 +182,7 @@ class GANTask(Task):
         if n_local == 0:  # all events filtered here: take part in the allreduces with zeros
             for opt in (self.d_opt, self.d_opt, self.g_opt, self.g_opt):
                 opt.zero_grad()
-                opt.step()
+                guarded_step(opt, "3DGAN update")  # stops with the others on their NaNs
         else:
             real = self.tensor(batch["images"]).unsqueeze(1)
             energy, ecal = self.tensor(batch["energy"]), self.tensor(batch["ecal"])

@@ -87,6 +87,23 @@ class Task:
         return torch.as_tensor(np.ascontiguousarray(array), dtype=dtype or self.dtype).to(self.device)
 
 
+def guarded_step(optimizer, context: str = "") -> None:
+    """``optimizer.step()`` only on finite gradients. A DistributedOptimizer's gradients are
+    checked after averaging (the same on every rank, so every rank stops together) and before
+    the step, so the weights, and the checkpoint written at the stop, stay those of the last
+    good step. An asynchronous worker checks its own gradients, also before its step."""
+    if hasattr(optimizer, "skip_synchronize"):
+        optimizer.synchronize()
+        if not optimizer.gradients_finite():
+            raise TrainingStopped(f"non-finite gradients, step skipped ({context})")
+        with optimizer.skip_synchronize():
+            optimizer.step()
+        return
+    if hasattr(optimizer, "gradients_finite") and not optimizer.gradients_finite():
+        raise TrainingStopped(f"non-finite gradients, step skipped ({context})")
+    optimizer.step()
+
+
 class SupervisedTask(Task):
     """A model, a loss and an optimizer: ``loss(model(*inputs), target)`` is minimised.
 
@@ -129,11 +146,8 @@ class SupervisedTask(Task):
         pred, y = self._forward(batch)
         loss = self.loss(pred, y)
         loss.backward()
-        self.optimizer.step()
         value = float(loss.detach())
-        # the averaged gradients are the same on every rank, so every rank stops together
-        if not self.optimizer.gradients_finite():
-            raise TrainingStopped(f"non-finite gradients (local loss {value})")
+        guarded_step(self.optimizer, f"local loss {value}")
         return {"loss": value}
 
     @torch.no_grad()
