@@ -204,6 +204,8 @@ def resolve(path: Optional[str], sets: Iterable[str] = (), base: Optional[dict] 
     for key in ("epochs", "batch_size", "sync_every"):
         if t[key] < 1:
             raise UsageError(f"'train.{key}' must be at least 1, got {t[key]}")
+    if not 0 <= t["seed"] < 2 ** 32:  # numpy's seed range; torch would accept, numpy not
+        raise UsageError(f"'train.seed' must be in [0, 2**32), got {t['seed']}")
     if not 0 < t["elastic_force"] <= 1:
         raise UsageError(f"'train.elastic_force' must be in (0, 1], got {t['elastic_force']}")
     if t["algorithm"] != "allreduce" and t["lr_scaling"] != "none":

@@ -24,6 +24,7 @@ which agrees with the launcher's wherever both exist.
 """
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import sys
@@ -113,3 +114,12 @@ def check(launch: Launch, mpi_rank: int, mpi_size: int) -> None:
     if launch.size and launch.size == mpi_size and launch.rank != mpi_rank:
         # harmless for training, but worth knowing when reading per-rank logs
         print(f"mpilearn: note: launcher rank {launch.rank} is MPI rank {mpi_rank}", flush=True)
+
+
+class RankZeroArgumentParser(argparse.ArgumentParser):
+    """Every rank parses its arguments before MPI starts; only the launcher's first process
+    prints usage, help and errors (the exit status is the same everywhere)."""
+
+    def _print_message(self, message, file=None):
+        if not detect().rank:
+            super()._print_message(message, file)

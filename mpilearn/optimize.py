@@ -18,6 +18,7 @@ import argparse
 import os
 import sys
 
+from .launcher import RankZeroArgumentParser
 from . import comm as mcomm
 from . import preempt
 from .comm import UsageError, check_on_root
@@ -133,7 +134,7 @@ def _reporter(world, fold_comm, obj, key, fold):
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m mpilearn.optimize", description=__doc__,
+    p = RankZeroArgumentParser(prog="python -m mpilearn.optimize", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", required=True, help="sweep config (YAML): training keys + 'search'")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")

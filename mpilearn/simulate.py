@@ -20,6 +20,7 @@ import sys
 import numpy as np
 from scipy.special import gammainc
 
+from .launcher import RankZeroArgumentParser
 from .data.calo import GEOMETRY, measured_angle_np
 
 Z_W = 74.0
@@ -174,7 +175,7 @@ def simulate(output: str, events: int, geometry: str = "angle", energy=(100.0, 2
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m mpilearn.simulate", description=__doc__,
+    p = RankZeroArgumentParser(prog="python -m mpilearn.simulate", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--events", type=int, default=1000)
     p.add_argument("--output", default="data/synthetic", help="folder for the HDF5 files")

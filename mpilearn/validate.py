@@ -16,6 +16,7 @@ import sys
 
 import numpy as np
 
+from .launcher import RankZeroArgumentParser
 from .comm import UsageError, check_on_root
 
 
@@ -60,7 +61,7 @@ def prepare(args):
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m mpilearn.validate", description=__doc__,
+    p = RankZeroArgumentParser(prog="python -m mpilearn.validate", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--checkpoint", required=True,
                    help="checkpoint file, its 'latest' pointer, or a run directory")

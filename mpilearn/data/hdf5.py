@@ -18,6 +18,10 @@ import numpy as np
 from ..comm import UsageError
 
 
+class DataError(OSError):
+    """A data file that opened fine fails while training reads it; names file and events."""
+
+
 class EventFiles:
     """A list of HDF5 files seen as one table of events with the given dataset keys."""
 
@@ -42,6 +46,9 @@ class EventFiles:
                 for key in self.keys:
                     if key not in f:
                         raise UsageError(f"{path}: no dataset '{key}' (has: {', '.join(sorted(f.keys()))})")
+                    if not isinstance(f[key], h5py.Dataset):
+                        raise UsageError(f"{path}: '{key}' is an HDF5 group, not a dataset (it "
+                                         f"holds: {', '.join(sorted(f[key].keys())) or 'nothing'})")
                     length = f[key].shape[0] if f[key].shape else 0
                     if n is not None and length != n:
                         raise UsageError(f"{path}: dataset '{key}' has {length} events but "
@@ -95,8 +102,11 @@ class EventFiles:
             contiguous = rows[-1] - rows[0] + 1 == len(rows)
             for key in parts:
                 ds = f[key]
-                # h5py fancy indexing is slow; a contiguous run reads as one slice
-                parts[key].append(ds[rows[0]:rows[-1] + 1] if contiguous else _take(ds, rows))
+                try:  # h5py fancy indexing is slow; a contiguous run reads as one slice
+                    parts[key].append(ds[rows[0]:rows[-1] + 1] if contiguous else _take(ds, rows))
+                except (OSError, ValueError, RuntimeError) as err:  # e.g. a corrupt gzip chunk
+                    raise DataError(f"{self.paths[i]}: reading dataset '{key}', events "
+                                    f"{rows[0]}-{rows[-1]} of this file failed: {err}") from None
         out = {}
         inverse = np.empty_like(order)
         inverse[order] = np.arange(len(order))

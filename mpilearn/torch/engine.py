@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-from typing import Callable, List, Optional
+from typing import Callable, Optional
 
 import numpy as np
 import torch

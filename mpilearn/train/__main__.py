@@ -11,6 +11,7 @@ import argparse
 import sys
 
 from ..comm import UsageError
+from ..launcher import RankZeroArgumentParser
 from .tasks import TrainingStopped
 
 EPILOG = """\
@@ -45,7 +46,7 @@ exit status: 0 done, 1 crash (the failing rank's traceback), 2 bad input,
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(
+    p = RankZeroArgumentParser(
         prog="python -m mpilearn.train", description="Data-parallel training over MPI.",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", help="YAML config file (default: the embedded default job)")

@@ -61,3 +61,22 @@ def latest(folder: str) -> Optional[str]:
 
 def load(path: str) -> dict:
     return torch.load(path, map_location="cpu", weights_only=False)
+
+
+def candidates(folder: str) -> list:
+    """The checkpoint ``latest`` points at, then every other one, newest first."""
+    first = latest(folder)
+    rest = sorted(glob.glob(os.path.join(folder, "ckpt-*.pt")), reverse=True)
+    return ([first] if first else []) + [p for p in rest if p != first]
+
+
+def load_newest(folder: str):
+    """(path, state, [(path, error) of newer checkpoints that did not load]); path is None when
+    no checkpoint loads. A truncated or corrupt ``latest`` falls back to an older one."""
+    failed = []
+    for path in candidates(folder):
+        try:
+            return path, load(path), failed
+        except Exception as err:  # truncated zip, unpickling error, ...
+            failed.append((path, f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"))
+    return None, None, failed

@@ -17,6 +17,8 @@ import numpy as np
 import torch
 
 from .. import comm as mcomm
+from .checks import (build_task, check_monitor, check_output, describe_missing,
+                     remove_stale_temp)
 from ..comm import UsageError, check_on_root, fail_usage
 from ..config import dump
 from ..data.hdf5 import EventFiles, ShardedLoader, eval_batches, split_events
@@ -34,8 +36,12 @@ def _raise(message: str):
 def expand_files(patterns) -> list:
     out = []
     for pattern in patterns:
-        matches = sorted(glob.glob(pattern))
-        out.extend(matches if matches else [pattern])  # keep a literal name: 'not found' later
+        matches = sorted(glob.glob(pattern)) or [pattern]  # a literal name: 'not found' later
+        for path in matches:
+            why = describe_missing(path)
+            if why:  # a directory, or a pattern that matched nothing
+                raise UsageError(f"data file {why}")
+        out.extend(matches)
     return out
 
 
@@ -86,6 +92,10 @@ class Trainer:
         comm = ctx.comm
         train = config["train"]
 
+        # 0. the run directory, before anything is computed
+        self.output = comm.bcast(output or config["output"] or default_output(config), root=0)
+        check_on_root(comm, check_output, self.output)
+
         # 1. the model builder: a missing file or function is bad input
         check_on_root(comm, load_builder, config["model"])
         # TensorFlow sizes its thread pools when it starts (maybe inside the model file)
@@ -100,11 +110,7 @@ class Trainer:
             import keras
 
             keras.utils.set_random_seed(train["seed"])
-        self.task = builder(dict(config["hparams"]))
-        if "keras" in sys.modules:
-            from .keras_tasks import as_task
-
-            self.task = as_task(self.task)
+        self.task = build_task(builder, config["model"], config["hparams"], comm)
 
         # 2. the data files, counted once by rank 0
         files = check_on_root(comm, _open_files, config, self.task)
@@ -129,13 +135,15 @@ class Trainer:
                                         "(rank 0 is the master, the others train)")
         check_on_root(comm, self._make_loader)  # too few events for one global batch?
         self.loader = self._make_loader()
+        check_on_root(comm, check_monitor, config, self.task, len(self.val_events) > 0)
 
-        # 3. output directory (rank 0 decides, everybody agrees)
-        self.output = comm.bcast(output or config["output"] or default_output(config), root=0)
+        # 3. output directory (rank 0 writes; stale temp files of killed writes go)
         self.ckpt_dir = os.path.join(self.output, "checkpoints")
         self.metrics_path = os.path.join(self.output, "metrics.jsonl")
         if ctx.rank == 0:
             os.makedirs(self.ckpt_dir, exist_ok=True)
+            for path in remove_stale_temp([self.output, self.ckpt_dir]):
+                print(f"mpilearn: removed {path}, left by an interrupted write", flush=True)
             dump(config, os.path.join(self.output, "config.yaml"))
 
         # 4. devices, weights, optimizers
@@ -200,17 +208,28 @@ class Trainer:
                   self.config["train"]["keep_checkpoints"])
 
     def _restore(self) -> None:
-        path = ckpt.latest(self.ckpt_dir) if self.ctx.rank == 0 else None
-        path = self.ctx.comm.bcast(path, root=0)
+        found = ckpt.load_newest(self.ckpt_dir) if self.ctx.rank == 0 else None
+        path, state, failed = self.ctx.comm.bcast(found, root=0)
+        if self.ctx.rank == 0:
+            for bad, why in failed:
+                print(f"mpilearn: checkpoint {bad} does not load ({why}); trying an older one",
+                      flush=True)
         if path is None:
+            if failed:
+                raise UsageError(f"--resume: no checkpoint in {self.ckpt_dir} loads: "
+                                 + "; ".join(f"{p}: {why}" for p, why in failed))
             if self.resume != "auto":
                 raise UsageError(f"--resume: no checkpoint in {self.ckpt_dir} (use --resume auto "
                                  "to start fresh when there is none)")
             if self.ctx.rank == 0:
                 print(f"mpilearn: no checkpoint in {self.ckpt_dir}; starting fresh", flush=True)
             return
-        state = self.ctx.comm.bcast(ckpt.load(path) if self.ctx.rank == 0 else None, root=0)
-        self.task.load_state_dict(state["task"])
+        try:
+            self.task.load_state_dict(state["task"])
+        except (RuntimeError, KeyError, ValueError) as err:  # alike on every rank
+            detail = " ".join(line.strip() for line in str(err).strip().splitlines()[:3])
+            raise UsageError(f"--resume: {path} is not a checkpoint of this model and optimizer: "
+                             f"{detail}") from None
         self.epoch, self.step_in_epoch = state["epoch"], state["step_in_epoch"]
         self.global_step, self.acc = state["global_step"], state["acc"]
         self.best, self.bad_epochs = state["best"], state["bad_epochs"]

@@ -1,0 +1,93 @@
+"""Checks that run before any compute: each turns a mistake into one UsageError (exit 2, one
+message from rank 0) that names the file, key or value, instead of a traceback per rank or a
+failure after hours of training."""
+from __future__ import annotations
+
+import difflib
+import glob
+import os
+from typing import Iterable, Optional
+
+from ..comm import UsageError, fail_usage
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    close = difflib.get_close_matches(word, list(choices), n=1)
+    return f" (did you mean '{close[0]}'?)" if close else ""
+
+
+def check_output(path: str) -> None:
+    """Rank 0: the run directory is a directory we can write, or can be created."""
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise UsageError(f"--output {path} is a file, not a directory")
+    parent = path
+    while not os.path.exists(parent):
+        parent = os.path.dirname(os.path.abspath(parent))
+    if not os.path.isdir(parent):
+        raise UsageError(f"--output {path}: {parent} is a file, not a directory")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise UsageError(f"--output {path}: {parent} is not writable")
+
+
+def build_task(builder, spec: str, hparams: dict, comm):
+    """Collective: ``builder(hparams)`` on every rank; an exception or a wrong return type on
+    any rank is bad input, reported once (the builder's message, with the hparams given)."""
+    from .tasks import Task
+
+    task, message = None, None
+    try:
+        task = builder(dict(hparams))
+        if type(task).__module__.startswith("keras") or "keras" in type(task).__module__:
+            from .keras_tasks import as_task
+
+            task = as_task(task)
+        if not isinstance(task, Task):
+            message = (f"model {spec}: build(hparams) returned {type(task).__name__}, expected a "
+                       "task (SupervisedTask, GANTask, ...) or a compiled keras.Model")
+    except UsageError as err:
+        message = str(err)
+    except Exception as err:  # the builder's own error: bad hyperparameters, most likely
+        key = err.args[0] if isinstance(err, KeyError) and err.args else None
+        what = f"hparams key {key!r} is missing" if key is not None else f"{type(err).__name__}: {err}"
+        message = f"model {spec}: build(hparams) failed: {what} (hparams: {dict(hparams)})"
+    messages = [m for m in comm.allgather(message) if m]
+    fail_usage(comm, messages[0] if messages else None)
+    return task
+
+
+def check_monitor(config: dict, task, has_validation: bool) -> None:
+    """The early-stopping metric is one the run will log (checked before the first epoch)."""
+    from .engine import logged_metrics
+
+    es = config["train"]["early_stopping"]
+    if es["patience"] <= 0:
+        return
+    names = logged_metrics(task, config)
+    if not has_validation:
+        names = {n for n in names if not n.startswith("val_")}
+    if es["monitor"] not in names:
+        raise UsageError(f"train.early_stopping.monitor '{es['monitor']}' is not a metric this "
+                         f"run logs{did_you_mean(es['monitor'], names)}; it logs: "
+                         f"{', '.join(sorted(names))}")
+
+
+def remove_stale_temp(folders: Iterable[str]) -> list:
+    """Rank 0 at start-up: ``.tmp-*`` files left by a killed atomic write."""
+    removed = []
+    for folder in folders:
+        for path in glob.glob(os.path.join(folder, ".tmp-*")):
+            try:
+                os.unlink(path)
+                removed.append(path)
+            except OSError:
+                pass
+    return removed
+
+
+def describe_missing(pattern: str) -> Optional[str]:
+    """Why a data path matched no file: a directory, an unmatched glob, or missing."""
+    if os.path.isdir(pattern):
+        return f"{pattern} is a directory: give the files in it, e.g. {os.path.join(pattern, '*.h5')}"
+    if glob.has_magic(pattern):
+        return f"the pattern {pattern} matches no file"
+    return None
