@@ -40,13 +40,20 @@ def prepare(config: dict, world_size: int, resume) -> dict:
     if s["budget"] < 1:
         raise UsageError(f"search.budget must be at least 1, got {s['budget']}")
     obj = objective.parse(config)
-    defaults = {}
+    defaults, declared = {}, {}
     n_events = None
     if "callable" not in obj:
         if not config["model"]:
             raise UsageError("no model given: set 'model' (or a search.objective.function)")
-        defaults = {**default_hparams(config["model"]), **config["hparams"]}
-        task = load_builder(config["model"])(defaults)
+        declared = default_hparams(config["model"])
+        defaults = {**declared, **config["hparams"]}
+        try:
+            task = load_builder(config["model"])(defaults)
+        except UsageError:
+            raise
+        except Exception as err:  # the builder's own error, before any trial
+            raise UsageError(f"model {config['model']}: build(hparams) failed with the default "
+                             f"hyperparameters: {type(err).__name__}: {err}") from None
         from .data.hdf5 import EventFiles
         from .train.engine import expand_files, logged_metrics
 
@@ -63,7 +70,8 @@ def prepare(config: dict, world_size: int, resume) -> dict:
             raise UsageError(f"test file(s) in data.files: {', '.join(sorted(overlap))}; the "
                              "test files must never enter the search")
         n_events = len(files)
-    space = Space.from_config(s["space"], defaults)
+    space = Space.from_config(s["space"], defaults,
+                              known=set(declared) if "callable" not in obj else None)
     make_searcher(s["searcher"], space, s["seed"], **s["options"])
     output = config["output"] or "runs/hpo"
     journal = os.path.join(output, "journal.jsonl")

@@ -202,17 +202,26 @@ def test_trial_time_limit(toy_file, tmp_path):
     (3, {"searcher": "bayes"}, "'search.searcher' is 'bayes'"),
     (4, {}, "np=4 does not fit the layout"),
     (3, {"objective": {"metric": "val_accuracy"}}, "'val_accuracy' is never logged"),
+    (3, {"searcher": "gp", "options": {"n_inital": 3}},
+     "search.options.n_inital: not an option of the gp searcher (did you mean 'n_initial'?)"),
+    (3, {"searcher": "gp", "options": {"acq_func": "UCB"}}, "search.options.acq_func is 'UCB'"),
+    (3, {"space": {"hiden": {"type": "int", "low": 8, "high": 64}}},
+     "search.space.hiden: the model has no hyperparameter 'hiden' (did you mean 'hidden'?)"),
+    (3, {"model_hparams": {"optimizer": "adamw"}},
+     "build(hparams) failed with the default hyperparameters: ValueError"),
 ])
 def test_bad_sweep_input(toy_file, tmp_path, np_, search, message):
     base = {"searcher": "random", "budget": 2, "blocks": 2, "folds": 1,
             "space": {"lr": {"type": "real", "low": 1e-3, "high": 1e-2}}}
-    cfg = {"model": f"{REPO}/models/mlp.py", "data": {"files": [toy_file]},
+    hparams = search.pop("model_hparams", {})
+    cfg = {"model": f"{REPO}/models/mlp.py", "data": {"files": [toy_file]}, "hparams": hparams,
            "output": str(tmp_path / "sweep"), "search": {**base, **search}}
     path = tmp_path / "hpo.yaml"
     path.write_text(yaml.safe_dump(cfg))
     proc = optimize(np_, path)
     assert proc.returncode == 2, proc.stderr
     assert message in proc.stderr and proc.stderr.count("mpilearn: error:") == 1
+    assert "Traceback" not in proc.stderr
     assert not (tmp_path / "sweep" / "journal.jsonl").exists()
 
 

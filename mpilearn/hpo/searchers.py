@@ -149,12 +149,43 @@ class EvolutionSearcher(Searcher):
 SEARCHERS = {"random": RandomSearcher, "gp": GPSearcher, "evolution": EvolutionSearcher}
 
 
+ACQ_FUNCS = ("EI", "PI", "LCB", "gp_hedge")
+
+
+def searcher_options(cls) -> List[str]:
+    """The options a searcher class takes (its constructors' named parameters)."""
+    import inspect
+
+    names = []
+    for klass in cls.__mro__:
+        if "__init__" in vars(klass):
+            for p in inspect.signature(klass.__init__).parameters.values():
+                if p.kind == p.POSITIONAL_OR_KEYWORD and p.name not in ("self", "space", "seed"):
+                    names.append(p.name)
+    return sorted(set(names))
+
+
 def make_searcher(name: str, space: Space, seed: int = 0, **options) -> Searcher:
+    """A searcher from its name and ``search.options``; unknown options and values the
+    library would reject later are bad input (exit 2) before any trial runs."""
     from ..comm import UsageError
+    from ..train.checks import did_you_mean
 
     if name not in SEARCHERS:
         raise UsageError(f"unknown searcher '{name}' (choose one of {', '.join(SEARCHERS)})")
-    return SEARCHERS[name](space, seed, **options)
+    known = searcher_options(SEARCHERS[name])
+    for option in options:
+        if option not in known:
+            raise UsageError(f"search.options.{option}: not an option of the {name} searcher"
+                             f"{did_you_mean(option, known)} (it takes: "
+                             f"{', '.join(known) or 'none'})")
+    if name == "gp" and options.get("acq_func", "EI") not in ACQ_FUNCS:
+        raise UsageError(f"search.options.acq_func is {options['acq_func']!r}; choose one of "
+                         f"{', '.join(ACQ_FUNCS)}")
+    try:
+        return SEARCHERS[name](space, seed, **options)
+    except (ValueError, TypeError) as err:  # a value the library rejects
+        raise UsageError(f"search.options for the {name} searcher: {err}") from None
 
 
 def _plain(values):

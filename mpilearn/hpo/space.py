@@ -62,7 +62,10 @@ class Space:
         self.names = [p.name for p in self.params]
 
     @classmethod
-    def from_config(cls, spec: dict, defaults: Optional[dict] = None, where: str = "search.space"):
+    def from_config(cls, spec: dict, defaults: Optional[dict] = None, where: str = "search.space",
+                    known: Optional[set] = None):
+        """``known``: the hyperparameters the model declares (its ``DEFAULTS``); a name outside
+        them would tune nothing, and is bad input."""
         if not isinstance(spec, dict) or not spec:
             raise UsageError(f"{where} must be a non-empty mapping of parameters")
         params = []
@@ -94,6 +97,14 @@ class Space:
                 raise UsageError(f"{key}: int bounds must be integers")
             params.append(Param(name, kind, float(low), float(high), bool(p.get("log", False)),
                                 default=default))
+        for name in spec:
+            top = name.split(".")[0]
+            if known and top not in known:
+                from ..train.checks import did_you_mean
+
+                raise UsageError(f"{where}.{name}: the model has no hyperparameter '{top}'"
+                                 f"{did_you_mean(top, known)}; its DEFAULTS are: "
+                                 f"{', '.join(sorted(known))}")
         return cls(params)
 
     def sample(self, rng: np.random.Generator) -> Dict[str, Any]:
