@@ -43,6 +43,7 @@ CASES = [
     (["--set", "hparams.optimizer=adamw"],
      "build(hparams) failed: ValueError: hparams.optimizer must be adam or sgd, got 'adamw'", MLP),
     ([], "build(hparams) returned dict, expected a task", f"{TESTS}/models/wrong_type.py"),
+    (["--set", "hparams.features=10"], "the data do not fit the model: a batch of", MLP),
     (["--set", "train.early_stopping.patience=2", "--set", "train.early_stopping.monitor=val_los"],
      "train.early_stopping.monitor 'val_los' is not a metric this run logs (did you mean "
      "'val_loss'?)", MLP),

@@ -71,6 +71,30 @@ def check_monitor(config: dict, task, has_validation: bool) -> None:
                          f"{', '.join(sorted(names))}")
 
 
+def dry_run(task, files, events) -> None:
+    """Rank 0, before training: one 2-event batch through a supervised model (evaluation, no
+    gradient), so data that do not fit the model (feature count, target shape, dtype) are bad
+    input instead of a crash at the first step. The RNG state is left as it was."""
+    import numpy as np
+
+    from . import checkpoint as ckpt
+    from .tasks import SupervisedTask
+
+    if not isinstance(task, SupervisedTask) or len(events) == 0:
+        return
+    state = ckpt.rng_state()
+    try:
+        task.eval_batch(task.transform(files.read(np.sort(np.asarray(events)[:2]))))
+    except UsageError:
+        raise
+    except Exception as err:
+        detail = " ".join(str(err).strip().splitlines()[:2])
+        raise UsageError(f"the data do not fit the model: a batch of {files.paths[0]} (keys "
+                         f"{', '.join(task.keys)}) raised {type(err).__name__}: {detail}") from None
+    finally:
+        ckpt.set_rng_state(state)
+
+
 def remove_stale_temp(folders: Iterable[str]) -> list:
     """Rank 0 at start-up: ``.tmp-*`` files left by a killed atomic write."""
     removed = []

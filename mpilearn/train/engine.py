@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from .. import comm as mcomm
-from .checks import (build_task, check_monitor, check_output, describe_missing,
+from .checks import (build_task, check_monitor, check_output, describe_missing, dry_run,
                      remove_stale_temp)
 from ..comm import UsageError, check_on_root, fail_usage
 from ..config import dump
@@ -155,6 +155,7 @@ class Trainer:
         else:
             self.master = asyncsgd.setup(self.task, comm, device, train)
         self.base_lrs = self.task.learning_rates()
+        check_on_root(comm, dry_run, self.task, self.train_files, self.train_events)
         torch.manual_seed(train["seed"] * 1000 + ctx.rank + 1)  # per-rank noise from here on
 
         # 5. position and running state
