@@ -230,11 +230,11 @@ def state_of(process_set: ProcessSet = global_process_set, comm=None) -> SetStat
     """The member state for a process set, or for an explicit communicator (mpilearn's
     ``comm=`` keyword, so that the same calls work inside an HPO block without init)."""
     if comm is not None:
-        # keyed by the object, which the state keeps alive so that the key is not reused
+        # keyed by the object, which the state keeps alive so that the key is not reused;
+        # ranks (root_rank, ...) are the communicator's own, unlike a process set's global ones
         key = id(comm)
         if key not in _BY_COMM:
-            world = _comm.mpi().COMM_WORLD.Get_rank()
-            _BY_COMM[key] = SetState(comm, comm.allgather(world))
+            _BY_COMM[key] = SetState(comm, list(range(comm.Get_size())))
         return _BY_COMM[key]
     w = _world()
     pid = (process_set or global_process_set).process_set_id
