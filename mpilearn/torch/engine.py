@@ -45,9 +45,16 @@ class HorovodInternalError(RuntimeError):
     """A collective failed on every rank that took part (Horovod's exception type)."""
 
 
+_HASHES = {}
+
+
 def _name_hash(name: str) -> int:
-    return int.from_bytes(hashlib.blake2b(name.encode(), digest_size=8).digest(), "little",
-                          signed=True)
+    if name not in _HASHES:
+        if len(_HASHES) > 100000:
+            _HASHES.clear()
+        _HASHES[name] = int.from_bytes(hashlib.blake2b(name.encode(), digest_size=8).digest(),
+                                       "little", signed=True)
+    return _HASHES[name]
 
 
 def _float_bits(x: float) -> int:
@@ -264,6 +271,13 @@ def check_records(gathered: np.ndarray, kind: int, first_dim_may_differ: bool = 
     """Raise the error every member will raise when the members' records disagree."""
     rows = active_rows(gathered)
     ref = gathered[rows[0]]
+    active = gathered[rows]
+    # the usual case in one comparison: every record equal (but the first dimension)
+    same = active == ref
+    if first_dim_may_differ:
+        same[:, 9] = same[:, 11] = True
+    if same.all():
+        return
     what = KIND_NAMES[kind]
     for i in rows:
         row = gathered[i]
