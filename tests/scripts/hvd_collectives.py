@@ -270,6 +270,15 @@ def test_process_sets():
     except ValueError:
         pass
     hvd.barrier(process_set=mine)
+    if N >= 4:  # an odd-sized set that leaves rank 0 out
+        trio = hvd.add_process_set([1, 2, 3])
+        if R in (1, 2, 3):
+            assert trio.size() == 3 and trio.rank() == R - 1
+            assert hvd.allreduce(x, op=hvd.Sum, process_set=trio).item() == 6
+            assert hvd.allgather(torch.tensor([R] * R), process_set=trio).tolist() == [1, 2, 2, 3, 3, 3]
+            got = hvd.reducescatter(torch.ones(5, 1) * R, op=hvd.Sum, process_set=trio)
+            assert got.shape[0] == [2, 2, 1][R - 1] and torch.all(got == 6)
+        assert hvd.remove_process_set(trio)
     assert hvd.remove_process_set(odds) and hvd.remove_process_set(evens)
     assert odds.process_set_id is None and not hvd.remove_process_set(hvd.global_process_set)
     ok("process sets")
