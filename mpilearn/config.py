@@ -25,6 +25,7 @@ SCHEMA: Dict[str, Any] = {
         "val_fraction": 0.1,
         "shuffle": True,
         "prefetch": 4,      # batches read ahead by the background thread
+        "on_error": "stop",  # stop | skip: events whose read fails (a corrupt chunk)
     },
     "train": {
         "epochs": 1,
@@ -65,6 +66,7 @@ CHOICES = {
     "train.algorithm": ("allreduce", "downpour", "easgd"),
     "train.lr_scaling": ("none", "linear"),
     "device.type": ("auto", "cpu", "cuda"),
+    "data.on_error": ("stop", "skip"),
 }
 
 FREE_FORM = {"hparams", "search.space", "search.objective", "search.options"}

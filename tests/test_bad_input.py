@@ -113,7 +113,8 @@ def test_truncated_latest_resumes_from_the_previous_checkpoint(toy_file, tmp_pat
     assert "removed" in proc.stdout and not (out / "checkpoints" / ".tmp-ckpt-killed").exists()
 
 
-def test_corrupt_gzip_chunk_names_file_and_events(tmp_path):
+def corrupt_file(tmp_path) -> str:
+    """256 events, X gzip-compressed in chunks of 32; the chunk of events 96-127 corrupt."""
     import h5py
 
     path = str(tmp_path / "corrupt.h5")
@@ -127,6 +128,11 @@ def test_corrupt_gzip_chunk_names_file_and_events(tmp_path):
     with open(path, "r+b") as f:
         f.seek(offset + 10)
         f.write(b"\xff" * 64)
+    return path
+
+
+def test_corrupt_gzip_chunk_names_file_and_events(tmp_path):
+    path = corrupt_file(tmp_path)
     proc = mpirun(2, train_args("--set", f"model={MLP}", "--set", f"data.files=[{path}]",
                                 "--set", "data.shuffle=false", "--set", "train.batch_size=16",
                                 "--output", str(tmp_path / "run")), timeout=120)
@@ -167,3 +173,18 @@ def test_outputs_honour_the_umask(toy_file, tmp_path):
     for path in (out / "config.yaml", out / "checkpoints" / "latest",
                  latest(str(out / "checkpoints"))):
         assert stat.S_IMODE(os.stat(path).st_mode) == 0o644, path
+
+
+def test_data_on_error_skip_trains_on_and_says_what_it_skipped(tmp_path):
+    path = corrupt_file(tmp_path)
+    out = tmp_path / "run"
+    proc = mpirun(2, train_args("--set", f"model={MLP}", "--set", f"data.files=[{path}]",
+                                "--set", "data.shuffle=false", "--set", "train.batch_size=16",
+                                "--set", "data.on_error=skip", "--set", "train.epochs=2",
+                                "--output", str(out)), timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert f"data.on_error=skip: {path}: reading dataset 'X', events" in proc.stderr
+    import json
+
+    records = [json.loads(line) for line in open(out / "metrics.jsonl")]
+    assert len(records) == 2 and all(np.isfinite(r["train_loss"]) for r in records)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import queue
+import sys
 import threading
 import time
 from typing import Callable, Dict, Iterator, List, Optional, Sequence
@@ -23,7 +24,11 @@ class DataError(OSError):
 
 
 class EventFiles:
-    """A list of HDF5 files seen as one table of events with the given dataset keys."""
+    """A list of HDF5 files seen as one table of events with the given dataset keys.
+    ``on_error``: "stop" (a failing read raises DataError) or "skip" (its events are dropped
+    from the batch, with a warning naming the file and events)."""
+
+    on_error = "stop"
 
     def __init__(self, paths: Sequence[str], keys: Sequence[str], optional: Sequence[str] = ()):
         import h5py
@@ -63,6 +68,7 @@ class EventFiles:
         self.counts = np.asarray(counts, dtype=np.int64)
         self.offsets = np.concatenate([[0], np.cumsum(self.counts)])
         self._handles: Dict[str, object] = {}
+        self._skipped: set = set()
 
     @classmethod
     def from_counts(cls, paths, counts, optional_present, keys) -> "EventFiles":
@@ -73,6 +79,7 @@ class EventFiles:
         self.counts = np.asarray(counts, dtype=np.int64)
         self.offsets = np.concatenate([[0], np.cumsum(self.counts)])
         self._handles = {}
+        self._skipped = set()
         return self
 
     def __len__(self) -> int:
@@ -96,23 +103,48 @@ class EventFiles:
         sorted_idx = indices[order]
         file_of = np.searchsorted(self.offsets, sorted_idx, side="right") - 1
         parts: Dict[str, list] = {k: [] for k in self.read_keys()}
+        keep = np.ones(len(sorted_idx), dtype=bool)
         for i in np.unique(file_of):
-            rows = sorted_idx[file_of == i] - self.offsets[i]
+            in_file = file_of == i
+            rows = sorted_idx[in_file] - self.offsets[i]
             f = self._file(int(i))
-            contiguous = rows[-1] - rows[0] + 1 == len(rows)
+            try:
+                got = {key: self._read_rows(i, f, key, rows) for key in parts}
+            except DataError as err:
+                if self.on_error != "skip":
+                    raise
+                self._warn_skip(err)
+                keep[in_file] = False
+                got = {key: np.zeros((len(rows),) + f[key].shape[1:], f[key].dtype) for key in parts}
             for key in parts:
-                ds = f[key]
-                try:  # h5py fancy indexing is slow; a contiguous run reads as one slice
-                    parts[key].append(ds[rows[0]:rows[-1] + 1] if contiguous else _take(ds, rows))
-                except (OSError, ValueError, RuntimeError) as err:  # e.g. a corrupt gzip chunk
-                    raise DataError(f"{self.paths[i]}: reading dataset '{key}', events "
-                                    f"{rows[0]}-{rows[-1]} of this file failed: {err}") from None
+                parts[key].append(got[key])
         out = {}
         inverse = np.empty_like(order)
         inverse[order] = np.arange(len(order))
         for key, chunks in parts.items():
             out[key] = np.concatenate(chunks)[inverse]
+        if not keep.all():  # data.on_error=skip: drop the unreadable events, say which are left
+            kept = keep[inverse]
+            out = {k: v[kept] for k, v in out.items()}
+            out["_index"] = indices[kept]
         return out
+
+    def _read_rows(self, i: int, f, key: str, rows: np.ndarray) -> np.ndarray:
+        ds = f[key]
+        try:  # h5py fancy indexing is slow; a contiguous run reads as one slice
+            if rows[-1] - rows[0] + 1 == len(rows):
+                return ds[rows[0]:rows[-1] + 1]
+            return _take(ds, rows)
+        except (OSError, ValueError, RuntimeError) as err:  # e.g. a corrupt gzip chunk
+            raise DataError(f"{self.paths[i]}: reading dataset '{key}', events "
+                            f"{rows[0]}-{rows[-1]} of this file failed: {err}") from None
+
+    def _warn_skip(self, err: Exception) -> None:
+        if str(err) not in self._skipped:
+            self._skipped.add(str(err))
+            sys.stderr.write(f"mpilearn: warning: data.on_error=skip: {err}; skipping those "
+                             "events\n")
+            sys.stderr.flush()
 
     def close(self) -> None:
         for h in self._handles.values():
@@ -172,7 +204,7 @@ class ShardedLoader:
     def _read(self, epoch: int, step: int) -> dict:
         index = self.local_indices(epoch, step)
         batch = self.files.read(index)
-        batch["_index"] = index
+        batch.setdefault("_index", index)  # read() gives the kept ones when it skipped some
         return self.transform(batch) if self.transform else batch
 
     def batches(self, epoch: int, start_step: int = 0) -> Iterator[dict]:

@@ -21,6 +21,7 @@ config keys (YAML; --set uses dotted names):
   data.files                 HDF5 files or globs with the training events
   data.val_files             validation files (else data.val_fraction of the events)
   data.val_fraction          0.1    data.shuffle   true    data.prefetch  4
+  data.on_error              stop | skip (unreadable events: end the job, or drop them)
   train.epochs               1      train.batch_size (per rank)  32
   train.max_steps_per_epoch  0 (all)
   train.backend              mpi | torch | horovod

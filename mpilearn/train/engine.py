@@ -119,6 +119,9 @@ class Trainer:
                            for f in files], root=0)
         self.train_files, self.val_files = (
             EventFiles.from_counts(*m, keys=self.task.keys) if m else None for m in meta)
+        for files in (self.train_files, self.val_files):
+            if files is not None:
+                files.on_error = config["data"]["on_error"]
         n = len(self.train_files)
         if events is not None:
             self.train_events, self.val_events = (np.asarray(e) for e in events)

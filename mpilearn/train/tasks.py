@@ -144,7 +144,8 @@ class SupervisedTask(Task):
         self.model.train()
         self.optimizer.zero_grad()
         pred, y = self._forward(batch)
-        loss = self.loss(pred, y)
+        # every event of this rank's batch skipped (data.on_error=skip): zeros, in step
+        loss = self.loss(pred, y) if len(y) else pred.sum() * 0.0
         loss.backward()
         value = float(loss.detach())
         guarded_step(self.optimizer, f"local loss {value}")
@@ -155,6 +156,8 @@ class SupervisedTask(Task):
         self.model.eval()
         pred, y = self._forward(batch)
         n = len(y)
+        if n == 0:
+            return {"loss": 0.0, **{name: 0.0 for name in self.metrics}}
         out = {"loss": float(self.loss(pred, y)) * n}
         for name, fn in self.metrics.items():
             out[name] = float(fn(pred, y)) * n
