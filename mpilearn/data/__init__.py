@@ -1,0 +1,1 @@
+"""HDF5 event datasets (sharding, shuffling, prefetch), the calorimeter formats and the toy data."""
