@@ -50,7 +50,8 @@ def test_nan_inputs_leave_latest_on_the_last_good_step(toy_file, tmp_path):
 
     common = ("--set", f"data.files=[{toy_file}]", "--set", "train.batch_size=8",
               "--set", "train.epochs=1")
-    stopped = mpirun(2, train_args("--set", f"model={TESTS}/models/nan_inputs.py", *common,
+    stopped = mpirun(2, train_args("--set", f"model={TESTS}/models/crash.py", *common,
+                                   "--set", "hparams.nan_inputs=true",
                                    "--output", str(tmp_path / "nan")), timeout=120)
     assert stopped.returncode == 3, stopped.stderr[-2000:]
     assert "non-finite gradients, step skipped" in stopped.stdout + stopped.stderr

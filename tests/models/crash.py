@@ -1,7 +1,10 @@
-"""The MLP example, but rank 1 fails at its third training step: it raises, or with
-``hparams.exit_code`` it calls ``sys.exit(exit_code)``."""
+"""The MLP example, but rank 1 fails at its third training step: it raises; with
+``hparams.exit_code`` it calls ``sys.exit(exit_code)``; with ``hparams.nan_inputs`` its
+inputs turn NaN for that step instead."""
 import os
 import sys
+
+import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "models"))
 import mlp  # noqa: E402
@@ -12,6 +15,7 @@ import mpilearn  # noqa: E402
 def build(hparams):
     hparams = dict(hparams)
     exit_code = hparams.pop("exit_code", None)
+    nan_inputs = hparams.pop("nan_inputs", False)
     task = mlp.build(hparams)
     plain_step = task.train_step
     calls = {"n": 0}
@@ -19,9 +23,12 @@ def build(hparams):
     def train_step(batch):
         calls["n"] += 1
         if mpilearn.rank() == 1 and calls["n"] == 3:
-            if exit_code is not None:
+            if nan_inputs:
+                batch = {**batch, "X": np.full_like(batch["X"], np.nan)}
+            elif exit_code is not None:
                 sys.exit(exit_code)
-            raise RuntimeError("deliberate failure at step 3")
+            else:
+                raise RuntimeError("deliberate failure at step 3")
         return plain_step(batch)
 
     task.train_step = train_step
