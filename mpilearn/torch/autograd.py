@@ -16,11 +16,6 @@ from .compression import Compression
 from .engine import Average, Sum
 
 
-def _set_rank_and_size(process_set, comm):
-    state = state_of(process_set, comm)
-    return state.rank, state.size
-
-
 class _Allreduce(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, average, name, op, prescale, postscale, process_set, comm):
@@ -125,7 +120,7 @@ class _Allgather(torch.autograd.Function):
 
 
 def _my_rows(reduced, dim, process_set, comm):
-    r, n = _set_rank_and_size(process_set, comm)
+    r = state_of(process_set, comm).rank
     dims = allgather(torch.tensor([dim], dtype=torch.int32), process_set=process_set, comm=comm)
     offset = int(dims[:r].sum())
     return reduced.narrow(0, offset, dim)

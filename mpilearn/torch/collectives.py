@@ -99,18 +99,25 @@ def _submit(state, kind, name, tensor, start, finish, **record):
 
 # -- allreduce ------------------------------------------------------------------------------
 
+def _reduction_send(gathered: np.ndarray, kind: int, local: Optional[np.ndarray]):
+    """(op, what this rank sends) for a reducing collective: its own values, or zeros of the
+    others' size when it has joined. Only Sum/Average make sense with joined ranks' zeros."""
+    ref = _ref(gathered)
+    reduce_op = int(ref[3])
+    if (gathered[:, 0] == JOIN).any() and reduce_op not in (Sum, Average):
+        raise E.HorovodInternalError(f"{E.OP_NAMES[reduce_op]} {E.KIND_NAMES[kind]} is not "
+                                     "supported while some ranks have joined (they contribute "
+                                     "zeros)")
+    if local is not None:
+        return reduce_op, local
+    dtype = _numpy_dtype(E.reduction_dtype(E.DTYPES[int(ref[2]) - 1]))
+    return reduce_op, np.zeros(int(ref[9]), dtype=dtype)
+
+
 def _allreduce_start(local: Optional[np.ndarray]):
     def start(op, gathered):
         E.check_records(gathered, ALLREDUCE)
-        ref = _ref(gathered)
-        reduce_op = int(ref[3])
-        if (gathered[:, 0] == JOIN).any() and reduce_op not in (Sum, Average):
-            raise E.HorovodInternalError(f"{E.OP_NAMES[reduce_op]} allreduce is not supported "
-                                         "while some ranks have joined (they contribute zeros)")
-        buf = local
-        if buf is None:  # joined: zeros of the others' shape
-            dtype = _numpy_dtype(E.reduction_dtype(E.DTYPES[int(ref[2]) - 1]))
-            buf = np.zeros(int(ref[9]), dtype=dtype)
+        reduce_op, buf = _reduction_send(gathered, ALLREDUCE, local)
         op.keep = [buf]
         op.buffer = buf
         MPI = _comm.mpi()
@@ -309,18 +316,10 @@ def scatter_rows(first_dim: int, n: int) -> List[int]:
 def _reducescatter_start(local: Optional[np.ndarray]):
     def start(op, gathered):
         E.check_records(gathered, REDUCESCATTER)
+        reduce_op, send = _reduction_send(gathered, REDUCESCATTER, local)
         ref = _ref(gathered)
-        reduce_op = int(ref[3])
-        if (gathered[:, 0] == JOIN).any() and reduce_op not in (Sum, Average):
-            raise E.HorovodInternalError(f"{E.OP_NAMES[reduce_op]} reducescatter is not "
-                                         "supported while some ranks have joined")
-        n = op.state.size
-        rows = scatter_rows(_rows(ref), n)
+        rows = scatter_rows(_rows(ref), op.state.size)
         counts = [r * _row_elems(ref) for r in rows]
-        send = local
-        if send is None:
-            dtype = _numpy_dtype(E.reduction_dtype(E.DTYPES[int(ref[2]) - 1]))
-            send = np.zeros(int(ref[9]), dtype=dtype)
         recv = np.empty(counts[op.state.rank], dtype=send.dtype)
         op.keep, op.buffer, op.my_rows = [send, recv], recv, rows[op.state.rank]
         return op.state.data.Ireduce_scatter(send, recv, counts, op=_mpi_op(reduce_op))
@@ -414,6 +413,3 @@ class GroupHandle:
 
     def __init__(self, handles):
         self.handles = list(handles)
-
-    def __hash__(self):
-        return hash(tuple(self.handles))

@@ -117,11 +117,11 @@ def check_arguments(op, gradient_predivide_factor, backward_passes_per_step) -> 
         raise ValueError("backward_passes_per_step must be > 0")
 
 
-def _named(optimizer, named_parameters):
-    """Horovod's checks on ``named_parameters``; returns the list of (name, param)."""
+def _check_named(optimizer, named_parameters) -> None:
+    """Horovod's checks on ``named_parameters`` (a list of unique (name, parameter) tuples
+    naming every parameter of the optimizer)."""
     if named_parameters is None:
-        return [(f"allreduce.noname.{i}.{j}", v) for i, g in enumerate(optimizer.param_groups)
-                for j, v in enumerate(g["params"])]
+        return
     named_parameters = list(named_parameters)
     if any(not isinstance(p, tuple) for p in named_parameters):
         raise ValueError("named_parameters should be a sequence of tuples (name, parameter), "
@@ -136,7 +136,6 @@ def _named(optimizer, named_parameters):
     if unnamed:
         raise ValueError("named_parameters was specified, but one or more model parameters were "
                          "not named. Python object ids: " + ", ".join(map(str, unnamed)))
-    return named_parameters
 
 
 def _groups(params, num_groups, groups):
@@ -170,7 +169,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     (Horovod's arguments; ``backend``, ``comm`` and ``fusion_threshold_bytes`` are
     mpilearn's: the gradient transport, an explicit communicator, and the bucket size)."""
     check_arguments(op, gradient_predivide_factor, backward_passes_per_step)
-    _named(optimizer, named_parameters)
+    _check_named(optimizer, named_parameters)
     params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
     group_list = _groups(params, num_groups, groups)
     reducer, hooks = None, False

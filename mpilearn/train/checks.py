@@ -6,6 +6,7 @@ from __future__ import annotations
 import difflib
 import glob
 import os
+import sys
 from typing import Iterable, Optional
 
 from ..comm import UsageError, fail_usage
@@ -37,7 +38,7 @@ def build_task(builder, spec: str, hparams: dict, comm):
     task, message = None, None
     try:
         task = builder(dict(hparams))
-        if type(task).__module__.startswith("keras") or "keras" in type(task).__module__:
+        if "keras" in sys.modules:  # a compiled keras.Model (any subclass) becomes a task
             from .keras_tasks import as_task
 
             task = as_task(task)
