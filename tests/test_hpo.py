@@ -209,6 +209,22 @@ def test_trial_time_limit(toy_file, tmp_path):
      "search.space.hiden: the model has no hyperparameter 'hiden' (did you mean 'hidden'?)"),
     (3, {"model_hparams": {"optimizer": "adamw"}},
      "build(hparams) failed with the default hyperparameters: ValueError"),
+    (3, {"model_hparams": {"hiden": 16}},
+     "hparams.hiden: the model " + f"{REPO}/models/mlp.py" + " has no hyperparameter 'hiden' "
+     "(did you mean 'hidden'?)"),
+    (3, {"objective": {"metric": ["val_loss", "wall_time"]}},
+     "search.objective has 2 objectives; the random searcher handles one"),
+    (3, {"searcher": "evolution", "pruner": "median",
+         "objective": {"metric": ["val_loss", "wall_time"]}},
+     "search.pruner median judges one objective; this sweep has 2"),
+    (3, {"objective": {"metric": "val_loss", "direction": "maximise"}},
+     "search.objective.direction has 'maximise'; choose minimize or maximize"),
+    (3, {"pruner": "asha", "pruner_options": {"reduction": 3}},
+     "search.pruner_options.reduction: not an option of the asha pruner (did you mean "
+     "'reduction_factor'?)"),
+    (3, {"enqueue": [{"lr": 0.5}]}, "search.enqueue[0].lr is 0.5: outside the space (real in "
+                                    "[0.001, 0.01])"),
+    (3, {"warm_start": ["no/such/sweep"]}, "search.warm_start: no/such/sweep/journal.jsonl not found"),
 ])
 def test_bad_sweep_input(toy_file, tmp_path, np_, search, message):
     base = {"searcher": "random", "budget": 2, "blocks": 2, "folds": 1,

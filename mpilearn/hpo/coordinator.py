@@ -1,9 +1,11 @@
 """The coordinator (world rank 0): hands trials to idle blocks, records results.
 
 It never busy-waits: between messages it sleeps (1 ms growing to 20 ms), so it uses no CPU
-while the blocks train; and it never lets a block idle on the GP: suggestions come from a
-:class:`Prefetcher` that computes them ahead in a thread (a random point when none is ready).
-Only the coordinator writes the journal.
+while the blocks train; and it never lets a block idle long on the GP: suggestions come from a
+:class:`Prefetcher` that computes them in a thread (a block waits for one at most a quarter of
+a typical trial, between 1 and 5 s, then gets a fallback point, journalled as such). Folds report their
+per-epoch values here; the pruner judges each trial on the mean over its folds. Only the
+coordinator writes the journal.
 """
 from __future__ import annotations
 
@@ -15,6 +17,8 @@ import numpy as np
 
 from .. import preempt
 from .journal import Journal, SweepState
+from .objective import losses
+from .pruners import NoPruner, make_pruner
 from .searchers import Prefetcher
 from .space import trial_key
 
@@ -23,43 +27,90 @@ TAG_BLOCK, TAG_TRIAL, TAG_PROGRESS, TAG_VERDICT = 11, 12, 13, 14
 
 class Coordinator:
     def __init__(self, comm, config: dict, searcher, journal: Journal, state: SweepState,
-                 blocks: int, progress: bool = True):
+                 blocks: int, progress: bool = True, pruner=None, objective=None,
+                 warm_start=()):
         self.comm, self.config, self.journal, self.state = comm, config, journal, state
         self.search = config["search"]
         self.blocks = blocks
         self.budget = self.search["budget"]
-        # resume: the searcher relearns every finished trial, in-flight ones run again
-        searcher.asked = state.n_trials()
-        for key in state.order:
-            rec = state.finished.get(key)
-            if rec is not None:
-                searcher.tell(state.started[key]["params"], rec.get("value"))
+        self.obj = objective or {"signs": [1.0], "directions": ["minimize"]}
+        self.pruner = pruner or make_pruner("none")
+        # folds reporting the same step at once: all of them in parallel, one in sequence
+        # (then the pruner judges a trial on its first fold)
+        self.parallel_folds = self.search["folds"] if self.search["fold_mode"] == "parallel" else 1
+        self.reports: Dict[str, Dict[int, Dict[int, float]]] = {}  # key -> step -> fold -> v
+        self.stopped: Dict[str, dict] = {}                           # key -> {step, value}
+        self._replay(searcher, warm_start)
         self.requeue = [state.started[k] for k in state.in_flight]
-        self.pool = Prefetcher(searcher, ahead=blocks, known_keys=state.started.keys())
+        enqueue = [p for p in self.search.get("enqueue") or []
+                   if trial_key(p) not in state.started]
+        self.pool = Prefetcher(searcher, ahead=-(-blocks // 4), known_keys=self._known,
+                               pending=[e["params"] for e in self.requeue], enqueued=enqueue)
         self.running: Dict[int, dict] = {}     # block -> started event
         self.latencies: List[float] = []       # seconds from a block's request to its answer
         self.stop_requested = False
+        self.exhausted = False
         self.bar = None
         if progress:
             from tqdm import tqdm
 
-            done = len(state.finished)
-            self.bar = tqdm(total=self.budget, initial=done, desc="trials", unit="trial")
+            self.bar = tqdm(total=self.budget, initial=len(state.finished), desc="trials",
+                            unit="trial")
+
+    def _replay(self, searcher, warm_start) -> None:
+        """Resume: the searcher learns every finished trial in one batch, the pruner replays its
+        verdicts and completions in journal order; a warm start adds another sweep's results."""
+        state = self.state
+        searcher.asked = state.n_trials()
+        if hasattr(searcher, "initial_handed"):
+            searcher.initial_handed = sum(e.get("origin") == "initial" for e in state.started.values())
+        results = [(state.started[k]["params"], self._loss(state.finished[k])) for k in state.order
+                   if k in state.finished]
+        results += [(r["params"], self._loss(r)) for r in warm_start]
+        searcher.tell_many(results)
+        self._known = set(state.started) | {trial_key(r["params"]) for r in warm_start}
+        by_trial = {e["trial"]: k for k, e in state.started.items()}
+        for entry in state.pruning:
+            if entry[0] == "complete":
+                self.pruner.complete(entry[1])
+            elif self.pruner.report(*entry[1:]):
+                self.stopped[by_trial[entry[1]]] = {"step": entry[2], "value": entry[3]}
+
+    def _loss(self, rec: dict):
+        if rec.get("status") != "done":
+            return None
+        values = rec.get("values", [rec.get("value")])
+        return losses(values, self.obj)
 
     # -- dispatch ------------------------------------------------------------------------
+    def _wait(self) -> float:
+        """How long a block may wait for a model suggestion being computed: a quarter of a
+        typical trial, at least 1 s (a model point is worth a second), at most 5 s."""
+        walls = [r["wall"] for r in self.state.finished.values() if r.get("wall")]
+        return min(5.0, max(1.0, 0.25 * statistics.median(walls))) if walls else 1.0
+
     def _next_trial(self, block: int) -> Optional[dict]:
-        if self.stop_requested:
+        if self.stop_requested or self.exhausted:
             return None
         if self.requeue:
             event = self.requeue.pop(0)
             self.journal.write("started", key=event["key"], trial=event["trial"],
-                               params=event["params"], block=block, requeued=True)
+                               params=event["params"], block=block, requeued=True,
+                               origin=event.get("origin"))
             return {**event, "block": block}
         if self.state.n_trials() >= self.budget:
             return None
-        point = self.pool.get()
+        got = self.pool.get(self._wait())
+        if got is None:
+            self.exhausted = True
+            self.journal.write("exhausted", trials=self.state.n_trials())
+            print(f"mpilearn: the search space is exhausted: all {self.state.n_trials()} of its "
+                  "points were tried; the sweep ends before its budget", flush=True)
+            return None
+        point, origin = got
         key = trial_key(point)
-        event = {"key": key, "trial": self.state.n_trials(), "params": point, "block": block}
+        event = {"key": key, "trial": self.state.n_trials(), "params": point, "block": block,
+                 "origin": origin}
         self.state.started[key] = event
         self.state.order.append(key)
         self.journal.write("started", **event)
@@ -74,34 +125,49 @@ class Coordinator:
             self.journal.write("interrupted", key=key, block=block, folds=folds)
             self.interrupt()
             return
-        values = [f.get("value") for f in folds]
         failed = [f for f in folds if f["status"] != "done"]
-        if failed:
-            rec = {"key": key, "status": "failed", "reason": failed[0]["reason"],
-                   "folds": folds, "wall": result["wall"], "block": block}
-            self.journal.write("failed", **rec)
-            self.pool.tell(event["params"], None)
+        base = {"key": key, "folds": folds, "wall": result["wall"], "block": block}
+        if key in self.stopped:
+            rec = {**base, "status": "pruned", **self.stopped[key]}
+        elif failed:
+            rec = {**base, "status": "failed", "reason": failed[0]["reason"]}
         else:
-            rec = {"key": key, "status": "done", "value": float(np.mean(values)),
-                   "std": float(np.std(values)), "fold_values": values, "folds": folds,
-                   "wall": result["wall"], "block": block, "params": event["params"]}
-            self.journal.write("done", **rec)
-            self.pool.tell(event["params"], rec["value"])
+            per_fold = np.array([f["values"] for f in folds], dtype=float)  # folds x objectives
+            values = [float(v) for v in per_fold.mean(axis=0)]
+            rec = {**base, "status": "done", "values": values, "value": values[0],
+                   "std": float(per_fold[:, 0].std()),
+                   "fold_values": [float(v) for v in per_fold[:, 0]], "params": event["params"]}
+            self.pruner.complete(event["trial"])
+        self.journal.write(rec["status"], **rec)
+        self.pool.tell(event["params"], self._loss(rec))
         self.state.finished[key] = rec
         if self.bar is not None:
-            best = min((r["value"] for r in self.state.finished.values() if r.get("value") is not None),
-                       default=None)
+            sign = self.obj["signs"][0]
+            done = [sign * r["value"] for r in self.state.finished.values() if r["status"] == "done"]
+            best = sign * min(done) if done else None
             self.bar.set_postfix(best=f"{best:.4g}" if best is not None else "-", refresh=False)
             self.bar.update(1)
 
     def _verdict(self, msg: dict) -> bool:
-        """Median stopping: stop a fold whose value is worse than the median of earlier
-        trials at the same epoch (needs 3 of them)."""
+        """A fold's report at a step. The trial's value there is the mean over its folds; the
+        pruner decides once all folds running side by side have reported the step, and a
+        pruned trial's folds all stop (each at its next report)."""
         self.journal.write("progress", **msg)
-        seen = self.state.progress.setdefault(msg["epoch"], [])
-        stop = (self.search["scheduler"] == "median" and len(seen) >= 3
-                and msg["value"] > statistics.median(seen))
-        seen.append(msg["value"])
+        key, fold, step = msg["key"], msg["fold"], msg["epoch"]
+        if key in self.stopped:
+            return True
+        if isinstance(self.pruner, NoPruner) or (self.parallel_folds == 1 and fold != 0):
+            return False
+        by_fold = self.reports.setdefault(key, {}).setdefault(step, {})
+        by_fold[fold] = msg["value"]
+        if len(by_fold) < self.parallel_folds:
+            return False
+        value = float(np.mean(list(by_fold.values())))
+        trial = self.state.started[key]["trial"]
+        stop = self.pruner.report(trial, step, value)
+        self.journal.write("verdict", key=key, trial=trial, step=step, value=value, prune=stop)
+        if stop:
+            self.stopped[key] = {"step": step, "value": value}
         return stop
 
     # -- the loop ------------------------------------------------------------------------
@@ -110,6 +176,7 @@ class Coordinator:
         status = MPI.Status()
         active = set(range(self.blocks))
         sleep = 0.001
+        self.journal.write("job", blocks=self.blocks)  # a job starts: the report's time axis
         try:
             while active:
                 if preempt.requested() is not None and not self.stop_requested:

@@ -1,8 +1,13 @@
 """The sweep's append-only journal: one JSON line per event, written only by the coordinator.
 
-Events: ``started`` (key, trial, params, block), ``progress`` (key, fold, epoch, value),
-``done`` (key, value = mean over folds, std, folds, wall, status), ``failed`` (key, reason),
-``interrupted`` (key: in flight when the job was stopped). Resume = replay.
+Events:
+``started`` (key, trial, params, block, origin), ``progress`` (key, fold, epoch, value: one
+fold's report), ``verdict`` (key, trial, step, value = mean over the folds, prune: the pruner's
+answer), ``done`` (key, values = per objective the mean over folds, value = the first, std,
+fold_values, wall), ``pruned`` (key, step and value where it stopped), ``failed`` (key, reason,
+killed: its job died under it), ``interrupted`` (key: in flight when the job was stopped),
+``exhausted`` (a finite space has no untried point left), ``job`` (a job of the sweep started:
+the first run or a resume). Resume = replay.
 """
 from __future__ import annotations
 
@@ -18,7 +23,8 @@ class SweepState:
     started: Dict[str, dict] = field(default_factory=dict)   # key -> started event
     finished: Dict[str, dict] = field(default_factory=dict)  # key -> done/failed event
     order: List[str] = field(default_factory=list)           # keys in start order
-    progress: Dict[int, List[float]] = field(default_factory=dict)  # epoch -> values seen
+    pruning: List[tuple] = field(default_factory=list)  # ("report", trial, step, value) |
+                                                        # ("complete", trial), in order
 
     @property
     def in_flight(self) -> List[str]:
@@ -43,8 +49,12 @@ class Journal:
             if kind == "started" and key not in state.started:
                 state.started[key] = rec
                 state.order.append(key)
-            elif kind in ("done", "failed"):
+            elif kind == "failed" and rec.get("killed"):
+                continue  # its job died under it: it runs again
+            elif kind in ("done", "failed", "pruned"):
                 state.finished[key] = rec
-            elif kind == "progress":
-                state.progress.setdefault(rec["epoch"], []).append(rec["value"])
+                if kind == "done":
+                    state.pruning.append(("complete", state.started[key]["trial"]))
+            elif kind == "verdict":
+                state.pruning.append(("report", rec["trial"], rec["step"], rec["value"]))
         return state

@@ -21,19 +21,55 @@ from ..models import load_builder
 from .space import apply
 
 
+DIRECTIONS = ("minimize", "maximize")
+PRUNE_KEY = "_pruner_value"  # a function objective's reported value, in the epoch record
+WALL = "wall_time"  # a pseudo-metric every fold has: its training time in seconds (its cost)
+
+
 def parse(config: dict) -> dict:
+    """``search.objective``: ``metric`` (a name, or a list for several objectives), ``mode``
+    (final | best), ``direction`` (minimize | maximize, or one per objective), or ``function``
+    (``module:func``, returning a number or one number per ``direction``). Adds ``metrics``
+    (None for a function), ``directions`` and ``signs`` (+1 minimise, -1 maximise)."""
     obj = dict(config["search"]["objective"] or {"metric": "val_loss"})
-    unknown = set(obj) - {"metric", "mode", "function"}
+    unknown = set(obj) - {"metric", "mode", "function", "direction"}
     if unknown:
-        raise UsageError(f"search.objective: unknown field(s) {', '.join(sorted(unknown))}")
+        raise UsageError(f"search.objective: unknown field(s) {', '.join(sorted(unknown))} "
+                         "(it takes metric, mode, direction, function)")
+    if "function" in obj and "metric" in obj:
+        raise UsageError("search.objective: give 'metric' or 'function', not both")
     if "function" in obj:
         obj["callable"] = load_builder(obj["function"] if ":" in obj["function"] else obj["function"] + ":objective")
-        return obj
-    obj.setdefault("metric", "val_loss")
+        obj["metrics"] = None
+    else:
+        obj.setdefault("metric", "val_loss")
+        metrics = obj["metric"] if isinstance(obj["metric"], list) else [obj["metric"]]
+        if not metrics or not all(isinstance(m, str) and m for m in metrics):
+            raise UsageError(f"search.objective.metric is {obj['metric']!r}; give a metric name "
+                             "or a list of them")
+        obj["metrics"] = metrics
     obj.setdefault("mode", "final")
     if obj["mode"] not in ("final", "best"):
         raise UsageError(f"search.objective.mode is {obj['mode']!r}; choose final or best")
+    directions = obj.get("direction", "minimize")
+    directions = directions if isinstance(directions, list) else [directions]
+    if obj["metrics"] is not None and len(directions) == 1:
+        directions = directions * len(obj["metrics"])
+    for d in directions:
+        if d not in DIRECTIONS:
+            raise UsageError(f"search.objective.direction has {d!r}; choose minimize or maximize")
+    if obj["metrics"] is not None and len(directions) != len(obj["metrics"]):
+        raise UsageError(f"search.objective: {len(obj['metrics'])} metric(s) but "
+                         f"{len(directions)} direction(s)")
+    obj["directions"] = directions
+    obj["signs"] = [1.0 if d == "minimize" else -1.0 for d in directions]
     return obj
+
+
+def losses(values, obj: dict):
+    """Objective values as the searchers see them: minimised, a float or a tuple."""
+    out = tuple(s * v for s, v in zip(obj["signs"], values))
+    return out[0] if len(out) == 1 else out
 
 
 def fold_events(n: int, folds: int, fold: int, seed: int, val_fraction: float):
@@ -48,11 +84,34 @@ def fold_events(n: int, folds: int, fold: int, seed: int, val_fraction: float):
     return np.sort(train), np.sort(val)
 
 
-def value_of(history: list, obj: dict) -> float:
-    values = [r[obj["metric"]] for r in history if r.get(obj["metric"]) is not None]
-    if not values:
-        raise RuntimeError(f"metric '{obj['metric']}' was never logged")
-    return float(values[-1] if obj["mode"] == "final" else min(values))
+def values_of(history: list, obj: dict, wall: float) -> list:
+    """One value per objective from a fold's logged history (``best``: the best in each
+    objective's own direction)."""
+    out = []
+    for metric, sign in zip(obj["metrics"], obj["signs"]):
+        if metric == WALL:
+            out.append(float(wall))
+            continue
+        values = [r[metric] for r in history if r.get(metric) is not None]
+        if not values:
+            raise RuntimeError(f"metric '{metric}' was never logged")
+        out.append(float(values[-1] if obj["mode"] == "final" else sign * min(sign * v for v in values)))
+    return out
+
+
+def call_function(obj: dict, point: dict, report) -> list:
+    """A function objective: ``f(params)`` or ``f(params, report)``, where ``report(step,
+    value)`` returns True when the pruner stops the trial (the function then returns early)."""
+    import inspect
+
+    func = obj["callable"]
+    takes_report = len(inspect.signature(func).parameters) >= 2
+    value = func(dict(point), report) if takes_report else func(dict(point))
+    values = list(value) if isinstance(value, (list, tuple)) else [value]
+    if len(values) != len(obj["directions"]):
+        raise ValueError(f"the objective function returned {len(values)} value(s) for "
+                         f"{len(obj['directions'])} direction(s)")
+    return [float(v) for v in values]
 
 
 def run_fold(config: dict, point: dict, fold: int, ctx, output: str, obj: dict,
@@ -65,8 +124,12 @@ def run_fold(config: dict, point: dict, fold: int, ctx, output: str, obj: dict,
     search = config["search"]
     try:
         if "callable" in obj:
-            value = obj["callable"](dict(point)) if ctx.rank == 0 else None
-            value = float(ctx.comm.bcast(value, root=0))
+            values = None
+            if ctx.rank == 0:
+                report = None if on_epoch is None else \
+                    (lambda step, value: on_epoch({"epoch": step, PRUNE_KEY: value}))
+                values = call_function(obj, point, report)
+            values = ctx.comm.bcast(values, root=0)
         else:
             from ..train.engine import Trainer
 
@@ -80,10 +143,11 @@ def run_fold(config: dict, point: dict, fold: int, ctx, output: str, obj: dict,
                               deadline=deadline, resume="auto" if resume else False)
             trainer.on_epoch = on_epoch
             trainer.fit()
-            value = value_of(trainer.history, obj)
-        if not math.isfinite(value):
-            return {"status": "failed", "reason": f"objective is {value}", "wall": time.time() - start}
-        return {"status": "done", "value": value, "wall": time.time() - start}
+            values = values_of(trainer.history, obj, time.time() - start)
+        bad = [v for v in values if not math.isfinite(v)]
+        if bad:
+            return {"status": "failed", "reason": f"objective is {bad[0]}", "wall": time.time() - start}
+        return {"status": "done", "values": values, "wall": time.time() - start}
     except preempt.Preempted:
         return {"status": "interrupted", "wall": time.time() - start}
     except (Exception, SystemExit) as err:  # a failed trial is recorded, the sweep goes on

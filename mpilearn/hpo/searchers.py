@@ -1,133 +1,335 @@
 """Searchers: what to try next, behind two verbs.
 
-    point = searcher.ask()          # one new point (a dict of parameter values)
-    searcher.tell(point, value)     # its objective (None: the trial failed)
+    [(point, origin), ...] = searcher.ask_many(n, pending, exclude)
+    searcher.tell_many([(point, loss), ...])   # loss minimised; None: no value (failed, pruned)
 
 A searcher's whole state is rebuilt by replaying ``ask`` counts and ``tell`` calls from the
 journal: randomness is keyed by (seed, number of asks), never by hidden global state. A new
 searcher is one small class registered in ``SEARCHERS``.
 
-``gp`` is slow to ask (scikit-optimize refits a GP and optimises the acquisition), so the
-coordinator never calls it inline: :class:`Prefetcher` computes suggestions ahead in a thread
-and batches tells into one refit.
+Every suggestion has an origin: ``initial`` (the searcher's own opening points), ``model``
+(from the fitted model or the evolved population), ``random``, ``enqueued`` (given by the
+user) or ``fallback`` (handed out by the coordinator because the model had nothing ready).
+``gp`` is slow to ask, so the coordinator never calls it inline: :class:`Prefetcher` computes
+suggestions in a thread and batches tells into one model update.
 """
 from __future__ import annotations
 
 import random
 import threading
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
 from .space import Space, trial_key
 
 
+ORIGINS = ("initial", "model", "random", "enqueued", "fallback")
+
+
 class Searcher:
-    def __init__(self, space: Space, seed: int = 0, **options):
+    """``ask_many(n, pending, exclude)`` returns up to n ``(point, origin)`` pairs: ``pending``
+    are points handed out but not yet told (busy blocks), ``exclude`` the keys never to return.
+    Fewer than n means the searcher has nothing good to offer yet (the coordinator then hands
+    out a fallback). ``tell_many`` takes ``(point, loss)`` pairs: loss minimised, a tuple for
+    several objectives, None for a trial that gave no value."""
+
+    max_objectives = 1
+
+    def __init__(self, space: Space, seed: int = 0, n_objectives: int = 1):
         self.space, self.seed = space, seed
         self.asked = 0
+        self.n_objectives = n_objectives
 
     def rng(self) -> np.random.Generator:
         return np.random.default_rng([self.seed, self.asked])
 
-    def ask(self) -> Dict[str, Any]:
+    def ask_many(self, n: int, pending=(), exclude=()) -> List[Tuple[Dict[str, Any], str]]:
         raise NotImplementedError
 
-    def tell(self, point: Dict[str, Any], value: Optional[float]) -> None:
+    def ask(self) -> Dict[str, Any]:
+        got = self.ask_many(1)
+        return got[0][0] if got else self.space.sample(self.rng())
+
+    def tell_many(self, results) -> None:
         pass
+
+    def tell(self, point: Dict[str, Any], value) -> None:
+        self.tell_many([(point, value)])
+
+    def _fresh(self, exclude, tries: int = 100) -> Optional[Dict[str, Any]]:
+        """A random point whose key is not excluded (None: none found)."""
+        for _ in range(tries):
+            point = self.space.sample(self.rng())
+            self.asked += 1
+            if trial_key(point) not in exclude:
+                return point
+        return None
 
 
 class RandomSearcher(Searcher):
-    def ask(self):
-        point = self.space.sample(self.rng())
-        self.asked += 1
-        return point
+    def ask_many(self, n, pending=(), exclude=()):
+        out = []
+        exclude = set(exclude)
+        for _ in range(n):
+            point = self._fresh(exclude)
+            if point is None:
+                break
+            exclude.add(trial_key(point))
+            out.append((point, "random"))
+        return out
 
 
 class GPSearcher(Searcher):
-    """scikit-optimize GP (EI or gp_hedge). Batches of suggestions for busy blocks come from
-    one GP fit (top expected improvement, spread apart) instead of constant liar's refits."""
+    """Bayesian optimisation with scikit-optimize's Gaussian process, built for many blocks.
 
-    def __init__(self, space, seed=0, acq_func="EI", n_initial=5, **options):
-        super().__init__(space, seed)
+    - ``n_initial`` random points are handed out first, whatever the number of blocks; the
+      model takes over as soon as 2 results are in.
+    - Batches are *kriging believer*: every busy block's point (and each point picked for
+      this batch) joins the GP with the model's own prediction as its value, so n suggestions
+      come from the latest model and spread out instead of piling up on one optimum.
+    - Bounded cost: one model is kept (skopt's Optimizer keeps all of them); the kernel's
+      hyperparameters are refitted while n <= 50 and then each time n grows by 20 %, on at
+      most ``max_fit_points`` points (the best half and the most recent half); otherwise the
+      model is refitted with its kernel fixed (one Cholesky factorisation). Tells are batched:
+      the fit happens at the next ask.
+    - ``acq_func``: EI, PI or LCB; ``gp_hedge`` takes them in turn, one per suggestion (not
+      skopt's gain-weighted portfolio).
+    """
+
+    def __init__(self, space, seed=0, n_objectives=1, acq_func="EI", n_initial=5, xi=0.01,
+                 kappa=1.96, candidates=4000, max_fit_points=300):
+        super().__init__(space, seed, n_objectives)
         from skopt import Optimizer
 
-        self.opt = Optimizer(space.skopt_dimensions(), base_estimator="GP", acq_func=acq_func,
-                             n_initial_points=n_initial, random_state=seed,
-                             acq_optimizer="sampling" if len(space.params) > 6 else "auto")
-        self._xs: List[list] = []
-        self._ys: List[float] = []
+        if n_initial < 1:
+            raise ValueError(f"n_initial must be at least 1, got {n_initial}")
+        # skopt's own setup: its normalised space and its GP (Matern 5/2 + noise, normalised y)
+        template = Optimizer(space.skopt_dimensions(), base_estimator="GP", random_state=seed)
+        self.sk_space, self.estimator = template.space, template.base_estimator_
+        self.acq_func, self.xi, self.kappa = acq_func, xi, kappa
+        self.n_initial, self.candidates, self.max_fit_points = n_initial, candidates, max_fit_points
+        self.initial_handed = 0
+        self.X: List[list] = []   # told points (skopt order of values)
+        self.y: List[float] = []
+        self.model = None         # the latest GP, fitted on X, y
+        self.kernel = None        # its kernel (hyperparameters fitted at n_hyper points)
+        self.n_hyper = 0
+        self.fitted_n = 0
 
-    def ask_many(self, n: int) -> List[Dict[str, Any]]:
-        if n == 1 or not self.opt.models:  # one point, or still in the random initial phase
-            xs = self.opt.ask(n_points=n, strategy="cl_min") if n > 1 else [self.opt.ask()]
+    # -- model ------------------------------------------------------------------------------
+    def _row(self, point):
+        return [point[n] for n in self.space.names]
+
+    def _fit(self, Xt, y, kernel):
+        from sklearn.base import clone
+        from skopt.learning.gaussian_process.gpr import _param_for_white_kernel_in_Sum
+
+        gp = clone(self.estimator)
+        if kernel is not None:  # fixed hyperparameters: the noise goes back into the kernel
+            kernel = clone(kernel)
+            present, param = _param_for_white_kernel_in_Sum(kernel)
+            from sklearn.gaussian_process.kernels import WhiteKernel
+
+            if present:
+                kernel.set_params(**{param: WhiteKernel(noise_level=max(self.noise, 1e-10),
+                                                        noise_level_bounds="fixed")})
+            gp.set_params(kernel=kernel, optimizer=None)
+        with _quiet():
+            gp.fit(Xt, y)
+        return gp
+
+    def _update(self):
+        n = len(self.y)
+        if n == self.fitted_n:
+            return
+        Xt = self.sk_space.transform(self.X)
+        y = np.asarray(self.y, dtype=float)
+        if self.kernel is None or n <= 50 or n >= 1.2 * self.n_hyper:
+            idx = np.arange(n)
+            if n > self.max_fit_points:  # hyperparameters from the best and the newest points
+                half = self.max_fit_points // 2
+                idx = np.unique(np.concatenate([np.argsort(y)[:half], idx[-half:]]))
+            gp = self._fit(Xt[idx], y[idx], None)
+            self.kernel, self.noise, self.n_hyper = gp.kernel_, gp.noise_ or 0.0, n
+            if len(idx) < n:
+                gp = self._fit(Xt, y, self.kernel)
         else:
-            xs = self._batch(n)
-        self.asked += len(xs)
-        return [dict(zip(self.space.names, _plain(x))) for x in xs]
+            gp = self._fit(Xt, y, self.kernel)
+        self.model, self.fitted_n = gp, n
 
-    def _batch(self, n: int, candidates: int = 4000, spread: float = 0.05):
-        """n points from one fitted GP: the best expected-improvement candidates that lie at
-        least ``spread`` apart (in the unit-scaled space). Constant liar would refit the GP
-        once per point; this costs one acquisition evaluation for the whole batch."""
-        from skopt.acquisition import _gaussian_acquisition
+    def _acquisition(self, gp, Xt, which: str, y_opt: float) -> np.ndarray:
+        """Lower is better."""
+        from skopt.acquisition import gaussian_ei, gaussian_lcb, gaussian_pi
 
-        space = self.opt.space
-        cand = space.rvs(n_samples=candidates, random_state=int(self.rng().integers(2 ** 31)))
-        X = space.transform(cand)
-        acq = _gaussian_acquisition(X, self.opt.models[-1], y_opt=float(np.min(self.opt.yi)),
-                                    acq_func="EI")
-        picked: List[int] = []
-        for i in np.argsort(acq):  # most negative = highest expected improvement
-            if all(np.linalg.norm(X[i] - X[j]) / np.sqrt(X.shape[1]) >= spread for j in picked):
-                picked.append(int(i))
-            if len(picked) == n:
+        if which == "LCB":
+            return gaussian_lcb(Xt, gp, kappa=self.kappa)
+        if which == "PI":
+            return -gaussian_pi(Xt, gp, y_opt=y_opt, xi=self.xi)
+        return -gaussian_ei(Xt, gp, y_opt=y_opt, xi=self.xi)
+
+    def _candidates(self, rng, exclude):
+        genes = rng.random((self.candidates, len(self.space.params)))
+        if self.y:  # and a cloud around the best points so far: local refinement for free
+            best = [self.space.encode(dict(zip(self.space.names, self.X[i])))
+                    for i in np.argsort(self.y)[:5]]
+            local = np.clip(np.repeat(best, 200, axis=0)
+                            + rng.normal(0, 0.03, (200 * len(best), len(self.space.params))), 0, 1)
+            genes = np.vstack([genes, local])
+        points = [self.space.decode(g) for g in genes]
+        unique = {}
+        for p in points:
+            key = trial_key(p)
+            if key not in exclude:
+                unique.setdefault(key, p)
+        return list(unique.values())
+
+    def _batch(self, n, pending, exclude):
+        self._update()
+        rng = self.rng()
+        cand = self._candidates(rng, exclude)
+        if not cand:
+            return []
+        Xc = self.sk_space.transform([self._row(p) for p in cand])
+        X, y = list(self.X), list(self.y)
+        y_opt = float(np.min(self.y))
+        gp = self.model
+        if pending:  # busy blocks' points, believed at the model's prediction
+            Xp = self.sk_space.transform([self._row(p) for p in pending])
+            X += [self._row(p) for p in pending]
+            y += list(gp.predict(Xp))
+            gp = self._fit(self.sk_space.transform(X), np.asarray(y), self.kernel)
+        out, taken = [], np.zeros(len(cand), bool)
+        for i in range(n):
+            which = self.acq_func
+            if which == "gp_hedge":
+                which = ("EI", "PI", "LCB")[(self.asked + i) % 3]
+            score = self._acquisition(gp, Xc, which, y_opt)
+            score[taken] = np.inf
+            j = int(np.argmin(score))
+            if not np.isfinite(score[j]):
                 break
-        return [cand[i] for i in picked]
+            taken[j] = True
+            out.append(cand[j])
+            if i + 1 < n:  # believe it, refit with the kernel fixed
+                X.append(self._row(cand[j]))
+                y.append(float(gp.predict(Xc[j:j + 1])[0]))
+                gp = self._fit(self.sk_space.transform(X), np.asarray(y), self.kernel)
+        return out
 
-    def ask(self):
-        return self.ask_many(1)[0]
+    # -- the two verbs -----------------------------------------------------------------------
+    def ask_many(self, n, pending=(), exclude=()):
+        out = []
+        exclude = set(exclude)
+        while len(out) < n and self.initial_handed < self.n_initial:
+            point = self._fresh(exclude)
+            if point is None:
+                break
+            self.initial_handed += 1
+            exclude.add(trial_key(point))
+            out.append((point, "initial"))
+        if len(out) < n and len(self.y) >= 2:
+            points = self._batch(n - len(out), list(pending) + [p for p, _ in out], exclude)
+            self.asked += len(points)
+            out += [(p, "model") for p in points]
+        return out
 
     def tell_many(self, results) -> None:
-        xs = [[r[0][n] for n in self.space.names] for r in results if r[1] is not None]
-        ys = [float(r[1]) for r in results if r[1] is not None]
-        if xs:
-            self.opt.tell(xs, ys)  # one refit for the whole batch
+        for point, loss in results:
+            if loss is not None:
+                self.X.append(self._row(point))
+                self.y.append(float(loss))
 
-    def tell(self, point, value):
-        self.tell_many([(point, value)])
+
+class _quiet:
+    """sklearn warns on every fit whose noise hits a bound; the search goes on regardless."""
+
+    def __enter__(self):
+        import warnings
+
+        self._w = warnings.catch_warnings()
+        self._w.__enter__()
+        warnings.simplefilter("ignore")
+
+    def __exit__(self, *exc):
+        self._w.__exit__(*exc)
 
 
 class EvolutionSearcher(Searcher):
-    """Steady-state evolution with DEAP: every ask breeds one child from the best ``population``
-    evaluated points (tournament selection, uniform crossover, Gaussian mutation on numeric
-    genes and random reset on categorical ones), so no block waits for a generation."""
+    """Evolution with DEAP, asynchronous: no block waits for a generation.
 
-    def __init__(self, space, seed=0, population=12, tournament=3, crossover=0.7,
-                 mutation_sigma=0.15, mutation_rate=0.3, **options):
-        super().__init__(space, seed)
+    One objective: steady state; every ask breeds one child from the best ``population``
+    evaluated points (tournament selection, uniform crossover, Gaussian mutation on numeric
+    genes and random reset on categorical ones).
+    Several objectives: NSGA-II (Deb et al. 2002) as DEAP's own example runs it; the parents
+    are ``selNSGA2`` over every evaluated point (mu + lambda), the mating pool comes from
+    ``selTournamentDCD``, children from simulated binary crossover and polynomial mutation
+    (eta 20, per-gene rate 1/genes), handed out one by one as blocks ask.
+    """
+
+    max_objectives = 8
+
+    def __init__(self, space, seed=0, n_objectives=1, population=12, tournament=3,
+                 crossover=0.7, mutation_sigma=0.15, mutation_rate=0.3, eta=20.0):
+        super().__init__(space, seed, n_objectives)
+        if population < 2:
+            raise ValueError(f"population must be at least 2, got {population}")
         self.population, self.tournament = population, tournament
         self.cxpb, self.sigma, self.indpb = crossover, mutation_sigma, mutation_rate
-        self.pool: List[tuple] = []  # (genes, value) of evaluated points
+        self.eta = eta
+        self.pool: List[tuple] = []      # (genes, losses tuple) of evaluated points
+        self.children: List[list] = []   # NSGA-II offspring not handed out yet
 
-    def ask(self):
-        from deap import base, creator, tools
+    def _creator(self):
+        from deap import base, creator
 
-        if not hasattr(creator, "MpilearnFitness"):
-            creator.create("MpilearnFitness", base.Fitness, weights=(-1.0,))
-            creator.create("MpilearnIndividual", list, fitness=creator.MpilearnFitness)
+        name = f"MpilearnFitness{self.n_objectives}"
+        if not hasattr(creator, name):
+            creator.create(name, base.Fitness, weights=(-1.0,) * self.n_objectives)
+            creator.create(f"MpilearnIndividual{self.n_objectives}", list,
+                           fitness=getattr(creator, name))
+        return getattr(creator, f"MpilearnIndividual{self.n_objectives}")
+
+    def ask_many(self, n, pending=(), exclude=()):
+        out = []
+        exclude = set(exclude)
+        for _ in range(n):
+            for _ in range(100):
+                point, origin = self._one(len(pending) + len(out))
+                if trial_key(point) not in exclude:
+                    break
+            else:
+                break
+            exclude.add(trial_key(point))
+            out.append((point, origin))
+        return out
+
+    def _one(self, busy: int):
         rng = self.rng()
         self.asked += 1
-        if len(self.pool) < self.population:
-            return self.space.sample(rng)
+        if len(self.pool) + busy < self.population and not self.children:
+            return self.space.sample(rng), "initial"
+        if len(self.pool) < 2:
+            return self.space.sample(rng), "fallback"
         random.seed(int(rng.integers(2 ** 31)))  # DEAP's operators use the random module
-        best = sorted(self.pool, key=lambda gv: gv[1])[:self.population]
-        parents = []
-        for genes, value in best:
-            ind = creator.MpilearnIndividual(genes)
-            ind.fitness.values = (value,)
-            parents.append(ind)
-        a, b = [creator.MpilearnIndividual(list(p)) for p in tools.selTournament(parents, 2, self.tournament)]
+        child = self._nsga2_child() if self.n_objectives > 1 else self._steady_child()
+        return self.space.decode([min(max(g, 0.0), 1.0) for g in child]), "model"
+
+    def _individuals(self, Individual):
+        out = []
+        for genes, losses in self.pool:
+            ind = Individual(genes)
+            ind.fitness.values = losses
+            out.append(ind)
+        return out
+
+    def _steady_child(self):
+        from deap import tools
+
+        Individual = self._creator()
+        best = sorted(self._individuals(Individual), key=lambda i: i.fitness.values[0])
+        parents = best[:self.population]
+        a, b = [Individual(list(p)) for p in tools.selTournament(parents, 2, self.tournament)]
         if random.random() < self.cxpb:
             tools.cxUniform(a, b, indpb=0.5)
         numeric = [i for i, p in enumerate(self.space.params) if p.type != "categorical"]
@@ -139,11 +341,34 @@ class EvolutionSearcher(Searcher):
         for i, p in enumerate(self.space.params):
             if p.type == "categorical" and random.random() < self.indpb:
                 a[i] = random.random()
-        return self.space.decode([min(max(g, 0.0), 1.0) for g in a])
+        return a
 
-    def tell(self, point, value):
-        if value is not None:
-            self.pool.append((self.space.encode(point), float(value)))
+    def _nsga2_child(self):
+        from deap import tools
+
+        if not self.children:
+            Individual = self._creator()
+            mu = max(4, self.population - self.population % 4)  # selTournamentDCD needs 4k
+            evaluated = self._individuals(Individual)
+            parents = tools.selNSGA2(evaluated, min(mu, len(evaluated)))  # sets crowding
+            while len(parents) < mu:  # few evaluated yet: repeat the best
+                parents.append(parents[len(parents) % max(1, len(evaluated))])
+            pool = [Individual(list(p)) for p in tools.selTournamentDCD(parents, mu)]
+            genes = len(self.space.params)
+            for a, b in zip(pool[::2], pool[1::2]):
+                if random.random() <= 0.9:
+                    tools.cxSimulatedBinaryBounded(a, b, eta=self.eta, low=0.0, up=1.0)
+                for c in (a, b):
+                    tools.mutPolynomialBounded(c, eta=self.eta, low=0.0, up=1.0,
+                                               indpb=1.0 / genes)
+            self.children = [list(c) for c in pool]
+        return self.children.pop(0)
+
+    def tell_many(self, results):
+        for point, losses in results:
+            if losses is not None:
+                losses = tuple(losses) if isinstance(losses, (tuple, list)) else (float(losses),)
+                self.pool.append((self.space.encode(point), tuple(map(float, losses))))
 
 
 SEARCHERS = {"random": RandomSearcher, "gp": GPSearcher, "evolution": EvolutionSearcher}
@@ -160,12 +385,13 @@ def searcher_options(cls) -> List[str]:
     for klass in cls.__mro__:
         if "__init__" in vars(klass):
             for p in inspect.signature(klass.__init__).parameters.values():
-                if p.kind == p.POSITIONAL_OR_KEYWORD and p.name not in ("self", "space", "seed"):
+                if p.kind == p.POSITIONAL_OR_KEYWORD and p.name not in ("self", "space", "seed", "n_objectives"):
                     names.append(p.name)
     return sorted(set(names))
 
 
-def make_searcher(name: str, space: Space, seed: int = 0, **options) -> Searcher:
+def make_searcher(name: str, space: Space, seed: int = 0, n_objectives: int = 1,
+                  **options) -> Searcher:
     """A searcher from its name and ``search.options``; unknown options and values the
     library would reject later are bad input (exit 2) before any trial runs."""
     from ..comm import UsageError
@@ -179,33 +405,39 @@ def make_searcher(name: str, space: Space, seed: int = 0, **options) -> Searcher
             raise UsageError(f"search.options.{option}: not an option of the {name} searcher"
                              f"{did_you_mean(option, known)} (it takes: "
                              f"{', '.join(known) or 'none'})")
+    if n_objectives > SEARCHERS[name].max_objectives:
+        raise UsageError(f"search.objective has {n_objectives} objectives; the {name} searcher "
+                         "handles one (use searcher: evolution, NSGA-II, for several)")
     if name == "gp" and options.get("acq_func", "EI") not in ACQ_FUNCS:
         raise UsageError(f"search.options.acq_func is {options['acq_func']!r}; choose one of "
                          f"{', '.join(ACQ_FUNCS)}")
     try:
-        return SEARCHERS[name](space, seed, **options)
+        return SEARCHERS[name](space, seed, n_objectives, **options)
     except (ValueError, TypeError) as err:  # a value the library rejects
         raise UsageError(f"search.options for the {name} searcher: {err}") from None
 
 
-def _plain(values):
-    return [v.item() if hasattr(v, "item") else v for v in values]
-
-
 class Prefetcher:
-    """Keeps ``ahead`` suggestions ready; asks and tells run in a background thread.
+    """Keeps up to ``ahead`` suggestions ready; asks and tells run in a background thread.
 
-    ``get()`` never blocks: with nothing ready (a GP still refitting) it returns a random
-    point instead of letting a block idle. ``tell()`` queues a result; the thread applies all
-    queued results in one refit before computing the next batch.
+    Results are applied in batches (one model update for all of them). Few suggestions are
+    kept ready (``ahead``, a quarter of the blocks), so that each comes from a recent model,
+    computed with every busy block's point believed (see :class:`GPSearcher`).
+    ``get(wait)`` hands out a ready suggestion; with
+    none ready it waits up to ``wait`` seconds for one being computed, then hands out a
+    *fallback* (a random point not tried yet), so a block never idles long on the model. When
+    a finite space has no untried point left, ``get`` returns None.
     """
 
-    def __init__(self, searcher: Searcher, ahead: int, known_keys=()):
+    def __init__(self, searcher: Searcher, ahead: int, known_keys=(), pending=(), enqueued=()):
         self.searcher, self.ahead = searcher, max(1, ahead)
-        self.ready: List[Dict[str, Any]] = []
+        self.ready: List[Tuple[Dict[str, Any], str]] = [(p, "enqueued") for p in enqueued]
         self.pending_tells: List[tuple] = []
-        self.known = set(known_keys)
+        self.known = set(known_keys)                           # keys handed out
+        self.busy = {trial_key(p): p for p in pending}         # handed out, no result yet
         self.fallbacks = 0
+        self.computing = False
+        self._requested, self._seen = 1, 0  # rounds asked for / started: the first at once
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = False
@@ -221,51 +453,78 @@ class Prefetcher:
                 self._wake.clear()
                 while not self._stop:
                     with self._lock:
+                        self._seen = self._requested
                         tells, self.pending_tells = self.pending_tells, []
                         need = self.ahead - len(self.ready)
+                        busy = list(self.busy.values()) + [p for p, _ in self.ready]
+                        exclude = self.known | {trial_key(p) for p, _ in self.ready}
+                        self.computing = need > 0 or bool(tells)
                     if tells:
-                        if hasattr(self.searcher, "tell_many"):
-                            self.searcher.tell_many(tells)
-                        else:
-                            for point, value in tells:
-                                self.searcher.tell(point, value)
-                    if need <= 0:
-                        break
-                    if hasattr(self.searcher, "ask_many"):
-                        points = self.searcher.ask_many(need)
-                    else:
-                        points = [self.searcher.ask() for _ in range(need)]
+                        self.searcher.tell_many(tells)
+                    got = self.searcher.ask_many(need, busy, exclude) if need > 0 else []
                     with self._lock:
-                        for p in points:
-                            key = trial_key(p)
-                            if key not in self.known:
-                                self.known.add(key)
-                                self.ready.append(p)
-                    if not points:
-                        break
+                        self.ready += [(p, o) for p, o in got if trial_key(p) not in self.known]
+                        self.computing = False
+                        more = self._requested != self._seen
+                    if not more and (need <= 0 or len(got) < need):
+                        break  # full, or nothing more to offer until new results arrive
         except BaseException as err:  # reported by the coordinator on its next get()
             self.error = err
+            self.computing = False
 
-    def get(self) -> Dict[str, Any]:
-        if self.error is not None:
-            raise self.error
-        with self._lock:
-            point = self.ready.pop(0) if self.ready else None
-        self._wake.set()
-        if point is None:
-            self.fallbacks += 1
-            rng = np.random.default_rng([self.searcher.seed, 10 ** 6 + self.fallbacks])
-            for _ in range(100):
-                point = self.searcher.space.sample(rng)
-                if trial_key(point) not in self.known:
-                    break
+    def get(self, wait: float = 0.0) -> Optional[Tuple[Dict[str, Any], str]]:
+        """A suggestion and its origin, or None when a finite space is exhausted."""
+        import time
+
+        deadline = time.monotonic() + wait
+        while True:
+            if self.error is not None:
+                raise self.error
             with self._lock:
-                self.known.add(trial_key(point))
+                while self.ready:
+                    point, origin = self.ready.pop(0)
+                    if trial_key(point) not in self.known:
+                        return self._hand_out(point, origin)
+                computing = self.computing or self._requested != self._seen
+            self._wake.set()
+            if not computing or time.monotonic() >= deadline:
+                break
+            time.sleep(0.002)
+        point = self._untried()
+        if point is None:
+            return None
+        self.fallbacks += 1
+        with self._lock:
+            return self._hand_out(point, "fallback")
+
+    def _hand_out(self, point, origin):
+        key = trial_key(point)
+        self.known.add(key)
+        self.busy[key] = point
+        self._requested += 1
+        self._wake.set()
+        return point, origin
+
+    def _untried(self) -> Optional[Dict[str, Any]]:
+        space = self.searcher.space
+        if space.size() is not None:  # finite: pick among the points never handed out
+            rest = [p for p in space.grid() if trial_key(p) not in self.known]
+            if not rest:
+                return None
+            rng = np.random.default_rng([self.searcher.seed, 10 ** 6 + self.fallbacks])
+            return rest[int(rng.integers(len(rest)))]
+        rng = np.random.default_rng([self.searcher.seed, 10 ** 6 + self.fallbacks])
+        for _ in range(100):
+            point = space.sample(rng)
+            if trial_key(point) not in self.known:
+                return point
         return point
 
-    def tell(self, point, value) -> None:
+    def tell(self, point, loss) -> None:
         with self._lock:
-            self.pending_tells.append((point, value))
+            self.pending_tells.append((point, loss))
+            self.busy.pop(trial_key(point), None)
+            self._requested += 1
         self._wake.set()
 
     def close(self) -> None:

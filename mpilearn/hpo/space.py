@@ -107,6 +107,23 @@ class Space:
                                  f"{', '.join(sorted(known))}")
         return cls(params)
 
+    def size(self) -> Optional[int]:
+        """The number of distinct points, or None when a parameter is real."""
+        n = 1
+        for p in self.params:
+            if p.type == "real":
+                return None
+            n *= len(p.choices) if p.type == "categorical" else int(p.high - p.low) + 1
+        return n
+
+    def grid(self) -> List[Dict[str, Any]]:
+        """Every point of a finite space."""
+        import itertools
+
+        axes = [p.choices if p.type == "categorical" else list(range(int(p.low), int(p.high) + 1))
+                for p in self.params]
+        return [dict(zip(self.names, values)) for values in itertools.product(*axes)]
+
     def sample(self, rng: np.random.Generator) -> Dict[str, Any]:
         return self.decode(rng.random(len(self.params)))
 
