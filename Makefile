@@ -110,6 +110,7 @@ bench: $(STAMP) $(HVD_STAMP)
 	$(BIN)/python bench/scaling_model.py
 	$(BIN)/python bench/hpo_coordinator.py $(BENCH)
 	$(BIN)/python bench/hpo_quality.py $(BENCH)
+	$(BIN)/python bench/hpo_parallel.py $(BENCH)
 	$(BIN)/python bench/data_loading.py $(BENCH)
 	$(BIN)/python bench/async_training.py $(BENCH)
 	$(BIN)/python bench/keras_throughput.py $(BENCH)

@@ -11,7 +11,8 @@ SECTIONS = [("throughput", "Data-parallel training throughput (np=1 and 2, same 
             ("horovod_api", "Horovod API side by side with Horovod 0.28.1 (np=2)"),
             ("scaling", "Weak-scaling projection for the angle 3DGAN"),
             ("hpo_coordinator", "HPO coordinator: decision latency and block utilisation"),
-            ("hpo_quality", "HPO quality vs Optuna TPE"),
+            ("hpo_quality", "HPO quality vs Optuna TPE (sequential)"),
+            ("hpo_parallel", "HPO under parallel load vs Optuna TPE and GP: quality, model share, cost at 1000 observations"),
             ("data_loading", "Data loading, 51x51x25 format"),
             ("async_training", "Asynchronous training: allreduce vs downpour vs EASGD at np=3, one rank 5x slower"),
             ("keras_throughput", "Small 3DGAN: Keras 3 (TensorFlow, torch backends) vs PyTorch")]

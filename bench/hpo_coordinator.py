@@ -42,12 +42,10 @@ def primed(name, n, seed=0):
     s = make_searcher(name, space(), seed, n_initial=10)
     rng = np.random.default_rng(seed)
     pts = [space().sample(rng) for _ in range(n)]
-    if hasattr(s, "tell_many"):
-        s.tell_many([(p, objective(p)) for p in pts])
-    else:
-        for p in pts:
-            s.tell(p, objective(p))
+    s.tell_many([(p, objective(p)) for p in pts])
     s.asked = n
+    if hasattr(s, "initial_handed"):  # as a resumed sweep: its initial points handed out
+        s.initial_handed = s.n_initial
     return s
 
 
@@ -57,7 +55,7 @@ def latency(name, n, decisions):
     extra = space().sample(np.random.default_rng(99))
     t = time.perf_counter()
     s.tell(extra, objective(extra))
-    _ = s.ask_many(8) if hasattr(s, "ask_many") else [s.ask() for _ in range(8)]
+    _ = s.ask_many(8)
     raw_ask = time.perf_counter() - t
     pool = Prefetcher(s, ahead=8)
     time.sleep(0.2)
@@ -65,7 +63,7 @@ def latency(name, n, decisions):
     for _ in range(decisions):
         time.sleep(0.01)  # blocks report at most every 10 ms
         t = time.perf_counter()
-        p = pool.get()
+        p, _ = pool.get()
         pool.tell(p, objective(p))
         lat.append(time.perf_counter() - t)
     fallbacks = pool.fallbacks
@@ -85,7 +83,7 @@ def simulated_sweep(name, blocks, trials, seed=0):
     events, dispatched = [], 0
     for b in range(blocks):
         t = time.perf_counter()
-        p = pool.get()
+        p, _ = pool.get()
         deciding[b] += time.perf_counter() - t
         d = rng.uniform(0.3, 0.9)
         heapq.heappush(events, (time.perf_counter() + d, b, p, d))
@@ -99,7 +97,7 @@ def simulated_sweep(name, blocks, trials, seed=0):
         t = time.perf_counter()
         pool.tell(p, objective(p))
         if dispatched < trials:
-            p = pool.get()
+            p, _ = pool.get()
             dispatched += 1
             deciding[b] += time.perf_counter() - t
             d = rng.uniform(0.3, 0.9)

@@ -34,7 +34,8 @@ def curve(problem, n, ask, tell):
 
 def curve_ours(name, problem, seed, n):
     space = Space.from_config(benchmarks.space(PROBLEMS[problem][2]))
-    s = make_searcher(name, space, seed, n_initial=8, population=8)
+    options = {"gp": {"n_initial": 8}, "evolution": {"population": 8}}.get(name, {})
+    s = make_searcher(name, space, seed, **options)
 
     def ask():
         p = s.ask()

@@ -167,7 +167,7 @@ def run_block(config: dict, role, world, info: dict) -> None:
             on_epoch = _reporter(world, fold_comm, obj, trial["key"], fold) \
                 if s["pruner"] != "none" else None
             r = objective.run_fold(config, trial["params"], fold, ctx, out, obj,
-                                   info["n_events"], on_epoch)
+                                   info["n_events"], on_epoch, key=trial["key"])
             folds.append({"fold": fold, **r})
         # the block leader collects every fold leader's results
         gathered = block_comm.gather(folds if fold_comm.Get_rank() == 0 else [], root=0)

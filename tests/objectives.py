@@ -37,3 +37,10 @@ def two_objectives(p):
     f1 = p["x"]
     g = 1 + 9 * p["y"]
     return f1, g * (1 - math.sqrt(f1 / g))
+
+
+def chatty(p):
+    """Prints, as training code does: the sweep's log must say which trial and fold spoke."""
+    print(f"hello from x={p['x']:.3f}")
+    print("two lines\nat once", flush=True)
+    return p["x"]

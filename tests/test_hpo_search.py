@@ -288,3 +288,31 @@ def _ranks_of(cfg):
     out = subprocess.run(["pgrep", "-f", f"mpilearn.optimize --config {cfg}"],
                          capture_output=True, text=True).stdout.split()
     return [pid for pid in out if int(pid) != os.getpid()]
+
+
+def test_every_line_of_a_fold_names_its_trial_and_fold(tmp_path):
+    cfg = write(tmp_path, {"budget": 3, "folds": 2, "objective": {"function": "objectives:chatty"},
+                           "space": {"x": {"type": "real", "low": 0.0, "high": 1.0}}})
+    proc = optimize(3, cfg)
+    assert proc.returncode == 0, proc.stderr
+    keys = {e["key"] for e in journal(tmp_path) if e["event"] == "started"}
+    lines = [line for line in proc.stdout.splitlines()
+             if "hello from" in line or "two lines" in line or "at once" in line]
+    assert len(lines) == 3 * 2 * 3  # 3 trials x 2 folds x 3 lines
+    for key in keys:
+        for fold in (0, 1):
+            mine = [line for line in lines if line.startswith(f"[trial {key} fold {fold}] ")]
+            assert len(mine) == 3, (key, fold, lines)
+
+
+def test_a_trial_failed_by_its_dying_job_runs_again_on_resume(tmp_path):
+    from mpilearn.hpo.journal import Journal
+
+    j = Journal(str(tmp_path / "journal.jsonl"))
+    for key, trial in (("a", 0), ("b", 1)):
+        j.write("started", key=key, trial=trial, params={"x": trial}, block=0, origin="initial")
+    j.write("failed", key="a", status="failed", killed=True,
+            reason="OSError: [Errno 5] Input/output error")
+    j.write("failed", key="b", status="failed", reason="RuntimeError: builder exploded")
+    state = j.replay()
+    assert state.in_flight == ["a"] and list(state.finished) == ["b"]

@@ -60,3 +60,25 @@ def test_sweep_layout_must_fill_the_gpus_and_bad_keys_are_named(tmp_path):
     site.write_text("gpus_per_nod: 4\n")
     bad = render("--config", "jobs/train-3dgan.yaml", "--site", str(site))
     assert bad.returncode == 2 and "did you mean 'gpus_per_node'" in bad.stderr
+
+
+@pytest.mark.parametrize("name", sorted(n for n in os.listdir(os.path.join(REPO, "jobs"))
+                                        if n.startswith("hpo-") and n.endswith(".yaml")))
+def test_example_sweep_configs_are_valid(name):
+    """The example sweeps resolve, and their objective, searcher, pruner and space are accepted
+    (what rank 0 checks before any trial, short of reading data)."""
+    from mpilearn.config import hpo_schema, resolve
+    from mpilearn.hpo import objective
+    from mpilearn.hpo.pruners import make_pruner
+    from mpilearn.hpo.searchers import make_searcher
+    from mpilearn.hpo.space import Space
+    from mpilearn.models import default_hparams
+
+    config = resolve(os.path.join(REPO, "jobs", name), schema=hpo_schema(), require_model=False)
+    s = config["search"]
+    obj = objective.parse(config)
+    declared = default_hparams(os.path.join(REPO, config["model"]))
+    space = Space.from_config(s["space"], {**declared, **config["hparams"]}, known=set(declared))
+    make_searcher(s["searcher"], space, s["seed"], len(obj["directions"]), **s["options"])
+    make_pruner(s["pruner"], obj["directions"][0], **s["pruner_options"])
+    assert set(config["hparams"]) <= set(declared)

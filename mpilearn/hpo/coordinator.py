@@ -25,6 +25,12 @@ from .space import trial_key
 TAG_BLOCK, TAG_TRIAL, TAG_PROGRESS, TAG_VERDICT = 11, 12, 13, 14
 
 
+def model_wait(walls) -> float:
+    """How long a block may wait for a model suggestion being computed: a quarter of a
+    typical trial, at least 1 s (a model point is worth a second), at most 5 s."""
+    return min(5.0, max(1.0, 0.25 * statistics.median(walls))) if walls else 1.0
+
+
 class Coordinator:
     def __init__(self, comm, config: dict, searcher, journal: Journal, state: SweepState,
                  blocks: int, progress: bool = True, pruner=None, objective=None,
@@ -84,10 +90,7 @@ class Coordinator:
 
     # -- dispatch ------------------------------------------------------------------------
     def _wait(self) -> float:
-        """How long a block may wait for a model suggestion being computed: a quarter of a
-        typical trial, at least 1 s (a model point is worth a second), at most 5 s."""
-        walls = [r["wall"] for r in self.state.finished.values() if r.get("wall")]
-        return min(5.0, max(1.0, 0.25 * statistics.median(walls))) if walls else 1.0
+        return model_wait([r["wall"] for r in self.state.finished.values() if r.get("wall")])
 
     def _next_trial(self, block: int) -> Optional[dict]:
         if self.stop_requested or self.exhausted:
@@ -129,8 +132,9 @@ class Coordinator:
         base = {"key": key, "folds": folds, "wall": result["wall"], "block": block}
         if key in self.stopped:
             rec = {**base, "status": "pruned", **self.stopped[key]}
-        elif failed:
-            rec = {**base, "status": "failed", "reason": failed[0]["reason"]}
+        elif failed:  # killed: its job died under it; a resume runs it again
+            rec = {**base, "status": "failed", "reason": failed[0]["reason"],
+                   **({"killed": True} if any(f.get("killed") for f in failed) else {})}
         else:
             per_fold = np.array([f["values"] for f in folds], dtype=float)  # folds x objectives
             values = [float(v) for v in per_fold.mean(axis=0)]

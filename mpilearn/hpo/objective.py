@@ -7,8 +7,11 @@ searches with no training at all.
 """
 from __future__ import annotations
 
+import contextlib
+import errno
 import math
 import os
+import sys
 import time
 import traceback
 from typing import Optional
@@ -114,8 +117,46 @@ def call_function(obj: dict, point: dict, report) -> list:
     return [float(v) for v in values]
 
 
+class _Prefixed:
+    """A text stream that starts every line with ``prefix`` (a fold's output, told apart
+    from the other blocks' in the job's one log)."""
+
+    def __init__(self, stream, prefix: str):
+        self.stream, self.prefix, self.fresh = stream, prefix, True
+
+    def write(self, text: str) -> int:
+        out = []
+        for piece in text.splitlines(keepends=True):
+            if self.fresh:
+                out.append(self.prefix)
+            out.append(piece)
+            self.fresh = piece.endswith("\n")
+        self.stream.write("".join(out))
+        return len(text)
+
+    def __getattr__(self, name):  # flush, fileno, isatty, encoding: the real stream's
+        return getattr(self.stream, name)
+
+
+@contextlib.contextmanager
+def prefixed_output(prefix: str):
+    saved = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = _Prefixed(sys.stdout, prefix), _Prefixed(sys.stderr, prefix)
+    try:
+        yield
+    finally:
+        sys.stdout, sys.stderr = saved
+
+
 def run_fold(config: dict, point: dict, fold: int, ctx, output: str, obj: dict,
-             n_events: Optional[int], on_epoch=None) -> dict:
+             n_events: Optional[int], on_epoch=None, key: str = "") -> dict:
+    """:func:`_run_fold` with every line it prints prefixed by ``[trial KEY fold K]``."""
+    with prefixed_output(f"[trial {key} fold {fold}] "):
+        return _run_fold(config, point, fold, ctx, output, obj, n_events, on_epoch)
+
+
+def _run_fold(config: dict, point: dict, fold: int, ctx, output: str, obj: dict,
+              n_events: Optional[int], on_epoch=None) -> dict:
     """Collective over ``ctx.comm``: trains one fold; never raises for a failed trial.
 
     A fold that a stop signal interrupted returns status ``interrupted``; run again, it
@@ -154,4 +195,7 @@ def run_fold(config: dict, point: dict, fold: int, ctx, output: str, obj: dict,
         reason = f"{type(err).__name__}: {err}"
         if not isinstance(err, (UsageError, SystemExit)) and type(err).__name__ != "TrainingStopped":
             reason += "\n" + "".join(traceback.format_exception(err)[-3:])
-        return {"status": "failed", "reason": reason.strip(), "wall": time.time() - start}
+        # its output is gone (the launcher died): the job is dying, not the trial
+        killed = isinstance(err, OSError) and err.errno in (errno.EIO, errno.EPIPE)
+        return {"status": "failed", "reason": reason.strip(), "wall": time.time() - start,
+                **({"killed": True} if killed else {})}
