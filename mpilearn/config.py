@@ -30,7 +30,7 @@ SCHEMA: Dict[str, Any] = {
     "train": {
         "epochs": 1,
         "batch_size": 32,   # per rank; global batch = batch_size x ranks
-        "max_steps_per_epoch": 0,   # 0 = all events
+        "max_steps_per_epoch": 0,   # 0 = all events; also caps validation batches per rank
         "backend": "mpi",   # mpi | torch | horovod
         "algorithm": "allreduce",   # allreduce | downpour | easgd (rank 0 is the master)
         "sync_every": 1,            # downpour/easgd: optimizer steps between exchanges

@@ -110,3 +110,15 @@ def test_config_file_and_help(toy_files, tmp_path):
     assert proc.returncode == 2 and "'train' must be a mapping" in proc.stderr
     proc = mpirun(1, ["-m", "mpilearn.train", "--help"])
     assert proc.returncode == 0 and "train.backend" in proc.stdout
+
+
+def test_max_steps_per_epoch_caps_validation_too(toy_files, tmp_path):
+    common = ("--set", "train.batch_size=16", "--set", "data.val_fraction=0.1")
+    capped = run(2, toy_files, tmp_path / "capped", *common, "--set", "train.max_steps_per_epoch=2")
+    full = run(2, toy_files, tmp_path / "full", *common)
+    assert capped.returncode == 0, capped.stderr
+    assert full.returncode == 0, full.stderr
+    capped_rec = [json.loads(l) for l in open(tmp_path / "capped" / "metrics.jsonl")][-1]
+    full_rec = [json.loads(l) for l in open(tmp_path / "full" / "metrics.jsonl")][-1]
+    assert capped_rec["val_events"] == 2 * 16 * 2  # 2 batches of 16 on each of 2 ranks
+    assert full_rec["val_events"] == round(0.1 * 1024)  # every validation event

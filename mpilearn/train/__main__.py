@@ -23,7 +23,7 @@ config keys (YAML; --set uses dotted names):
   data.val_fraction          0.1    data.shuffle   true    data.prefetch  4
   data.on_error              stop | skip (unreadable events: end the job, or drop them)
   train.epochs               1      train.batch_size (per rank)  32
-  train.max_steps_per_epoch  0 (all)
+  train.max_steps_per_epoch  0 (all; caps validation batches per rank too)
   train.backend              mpi | torch | horovod
   train.algorithm            allreduce | downpour | easgd (rank 0 = master)
   train.sync_every           1      train.elastic_force  0.5   train.max_staleness  0 (2 x workers)

@@ -7,6 +7,7 @@ resume -> epochs. Everything takes the communicator it is given.
 from __future__ import annotations
 
 import glob
+import itertools
 import math
 import os
 import sys
@@ -410,20 +411,25 @@ class Trainer:
         self.acc["compute"] += max(0.0, wall - comm_s - data_s)
 
     def evaluate(self) -> dict:
-        """Validation metrics over all validation events, averaged across ranks."""
+        """Validation metrics averaged across ranks, over all validation events or, with
+        ``train.max_steps_per_epoch``, at most that many batches per rank (as training);
+        ``val_events`` says how many were evaluated."""
         if len(self.val_events) == 0:
             return {}
         sums, count = {}, 0
-        for batch in eval_batches(self.val_source, self.val_events,
-                                  self.config["train"]["batch_size"], self.ctx.rank,
-                                  self.ctx.size, self.task.transform):
+        cap = self.config["train"]["max_steps_per_epoch"]
+        batches = eval_batches(self.val_source, self.val_events,
+                               self.config["train"]["batch_size"], self.ctx.rank,
+                               self.ctx.size, self.task.transform)
+        for batch in itertools.islice(batches, cap if cap > 0 else None):
             for k, v in self.task.eval_batch(batch).items():
                 sums[k] = sums.get(k, 0.0) + v
             count += len(next(iter(batch.values())))
         names = sorted(set().union(*self.ctx.comm.allgather(set(sums))))
         vec = np.array([sums.get(k, 0.0) for k in names] + [count], dtype=np.float64)
         total = self.ctx.comm.allreduce(vec)
-        return {f"val_{k}": float(total[i] / max(total[-1], 1)) for i, k in enumerate(names)}
+        return {**{f"val_{k}": float(total[i] / max(total[-1], 1)) for i, k in enumerate(names)},
+                "val_events": int(total[-1])}
 
     def _end_epoch(self, lr: float) -> dict:
         comm, acc = self.ctx.comm, self.acc
