@@ -8,7 +8,8 @@ setup(
     description="MPI data-parallel training and hyperparameter optimisation for HPC",
     packages=find_packages(include=["mpilearn", "mpilearn.*"]),
     python_requires=">=3.10",
-    install_requires=["mpi4py>=4.0", "numpy", "h5py", "PyYAML", "tqdm", "matplotlib"],
+    install_requires=["mpi4py>=4.0", "numpy", "h5py", "PyYAML", "tqdm", "matplotlib",
+                      "safetensors"],
     extras_require={
         "torch": ["torch>=2.1"],
         "keras": ["keras>=3.0", "tensorflow-cpu>=2.16"],

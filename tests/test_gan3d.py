@@ -199,6 +199,14 @@ def test_gan_training_with_validation_and_validate_cli(showers_dir, tmp_path):
     assert result["events"] == 60 and result["score"] > 0
     assert {"moments", "profiles", "angle", "sampling_fraction_mc"} <= set(result)
     assert (tmp_path / "val" / "profiles.png").stat().st_size > 10000
+    # the exported generator in plain PyTorch, as the README shows it
+    generator, _ = gan3d.networks({"preset": "small"})
+    generator.load_state_dict(torch.load(out / "models" / "generator.pt", weights_only=True))
+    generator.eval()
+    with torch.no_grad():
+        latent = torch.cat([torch.full((3, 1), 1.5), torch.full((3, 1), 1.57), torch.randn(3, 254)], 1)
+        showers = generator(latent).squeeze(1) ** (1 / 0.85)
+    assert showers.shape == (3, 51, 51, 25) and torch.isfinite(showers).all()
 
 
 def test_empty_generator_guard_stops_training(showers_dir, tmp_path):

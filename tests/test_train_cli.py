@@ -51,6 +51,15 @@ def test_run_directory_contents(toy_files, tmp_path):
     assert lines[1]["lr"] == pytest.approx(2 * 0.01)
     assert lines[0]["lr"] == pytest.approx(2 * 0.01)  # last step of the warm-up epoch
     assert os.path.exists(out / "checkpoints" / "latest")
+    # the checkpoint and the exports are plain PyTorch: tensors and plain types only
+    import torch
+    from safetensors.torch import load_file
+
+    final = torch.load(ckpt.latest(str(out / "checkpoints")), weights_only=True)
+    exported = torch.load(out / "models" / "model.pt", weights_only=True)
+    assert set(exported) == set(final["task"]["models"]["model"])
+    for k, v in load_file(str(out / "models" / "model.safetensors")).items():
+        assert torch.equal(v, exported[k]) and torch.equal(v, final["task"]["models"]["model"][k])
     # one progress line per epoch, from rank 0 only
     assert proc.stdout.count("epoch 1:") == 1
 

@@ -2,7 +2,8 @@
 
 A checkpoint holds the task (all models and optimizers), the position (epoch, step in epoch,
 global step), every rank's RNG states, and the engine's running state (epoch accumulators,
-early-stopping state), so a resumed run continues exactly where the killed one stopped.
+early-stopping state), so a resumed run continues exactly where the killed one stopped. It
+holds tensors and plain types only: ``torch.load(path, weights_only=True)`` reads it.
 """
 from __future__ import annotations
 
@@ -20,14 +21,24 @@ LATEST = "latest"
 
 
 def rng_state() -> dict:
-    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(),
+    """This process's RNG states as tensors and plain types (``torch.load(weights_only=True)``
+    refuses numpy arrays)."""
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    return {"torch": torch.get_rng_state(),
+            "numpy": {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)),
+                      "pos": int(pos), "has_gauss": int(has_gauss), "cached": float(cached)},
             "python": random.getstate(),
             "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
 
 
 def set_rng_state(state: dict) -> None:
     torch.set_rng_state(state["torch"])
-    np.random.set_state(state["numpy"])
+    n = state["numpy"]
+    if isinstance(n, dict):
+        np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"],
+                             n["has_gauss"], n["cached"]))
+    else:  # checkpoints written before the RNG state became tensors
+        np.random.set_state(n)
     random.setstate(state["python"])
     if state.get("cuda") is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
@@ -60,7 +71,11 @@ def latest(folder: str) -> Optional[str]:
 
 
 def load(path: str) -> dict:
-    return torch.load(path, map_location="cpu", weights_only=False)
+    """Tensors and plain types only; checkpoints from before that need the full unpickler."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception:
+        return torch.load(path, map_location="cpu", weights_only=False)
 
 
 def candidates(folder: str) -> list:

@@ -339,8 +339,8 @@ class Trainer:
             self.acc = self._empty_acc()
             self._save()
         if self.ctx.rank == 0:
-            if hasattr(self.task, "export"):  # e.g. Keras models as .keras files
-                self.task.export(os.path.join(self.output, "models"))
+            # torch models as .pt and .safetensors, Keras ones as .keras
+            self.task.export(os.path.join(self.output, "models"))
             print(f"mpilearn: done after {self.epoch} epoch(s); results in {self.output}",
                   flush=True)
         return last

@@ -19,8 +19,16 @@ from .gan import GANTask
 from .tasks import SupervisedTask, Task
 
 
-def _arrays(variables) -> List[np.ndarray]:
-    return [np.array(keras.ops.convert_to_numpy(v)) for v in variables]
+def _arrays(variables) -> list:
+    """Variables as torch tensors: a checkpoint that ``torch.load(weights_only=True)`` reads."""
+    import torch
+
+    return [torch.from_numpy(np.array(keras.ops.convert_to_numpy(v))) for v in variables]
+
+
+def _assign(variables, values) -> None:
+    for v, a in zip(variables, values):
+        v.assign(a.numpy() if hasattr(a, "numpy") else a)  # numpy: older checkpoints
 
 
 class KerasTask(Task):
@@ -63,11 +71,9 @@ class KerasTask(Task):
 
     def load_state_dict(self, state: dict) -> None:
         for k, m in self.models().items():
-            for v, a in zip(m.weights, state["models"][k]):
-                v.assign(a)
+            _assign(m.weights, state["models"][k])
         for k, o in self.optimizers().items():
-            for v, a in zip(o.variables, state["optimizers"][k]):
-                v.assign(a)
+            _assign(o.variables, state["optimizers"][k])
 
     def export(self, folder: str) -> None:
         """Rank 0 at the end: each model as ``<name>.keras`` (written atomically)."""

@@ -6,6 +6,7 @@ checkpoints, metrics. New kinds of training (the GAN task) are new Task classes.
 """
 from __future__ import annotations
 
+import os
 from typing import Callable, Dict, List, Optional, Sequence, Union
 
 import numpy as np
@@ -85,6 +86,23 @@ class Task:
 
     def tensor(self, array: np.ndarray, dtype=None) -> torch.Tensor:
         return torch.as_tensor(np.ascontiguousarray(array), dtype=dtype or self.dtype).to(self.device)
+
+    def export(self, folder: str) -> None:
+        """Rank 0 at the end: each model's weights as plain PyTorch, ``<name>.pt`` (a
+        ``state_dict``: ``model.load_state_dict(torch.load(path, weights_only=True))``) and
+        ``<name>.safetensors``, written atomically."""
+        from safetensors.torch import save
+
+        from ..io import atomic_write_bytes
+
+        os.makedirs(folder, exist_ok=True)
+        for name, model in self.models().items():
+            # unwrapped CPU copies: no DDP/compile prefixes, no shared storage (safetensors)
+            state = {k: v.detach().cpu().clone().contiguous()
+                     for k, v in getattr(model, "module", model).state_dict().items()}
+            atomic_write_bytes(os.path.join(folder, f"{name}.pt"), lambda f: torch.save(state, f))
+            atomic_write_bytes(os.path.join(folder, f"{name}.safetensors"),
+                               lambda f: f.write(save(state)))
 
 
 def guarded_step(optimizer, context: str = "") -> None:
