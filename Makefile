@@ -39,7 +39,7 @@ $(STAMP): setup.py Makefile
 	touch $@
 
 demo: $(STAMP)
-	mpirun -np $(NP) --oversubscribe $(BIN)/python -m mpilearn.train --output runs/demo
+	mpirun -np $(NP) --oversubscribe $(BIN)/python -m mpilearn.train --output runs/demo --overwrite
 	@echo
 	@echo "Results: runs/demo (config.yaml, metrics.jsonl, checkpoints/)"
 

@@ -224,6 +224,17 @@ def resolve(path: Optional[str], sets: Iterable[str] = (), base: Optional[dict] 
     return config
 
 
+def flatten(tree: dict, prefix: str = "") -> dict:
+    """Dotted keys to leaf values (lists are leaves)."""
+    out = {}
+    for key, value in tree.items():
+        if isinstance(value, dict) and value:
+            out.update(flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
 def dump(config: dict, path: str) -> None:
     from .io import atomic_write_text
 

@@ -131,3 +131,31 @@ def test_max_steps_per_epoch_caps_validation_too(toy_files, tmp_path):
     full_rec = [json.loads(l) for l in open(tmp_path / "full" / "metrics.jsonl")][-1]
     assert capped_rec["val_events"] == 2 * 16 * 2  # 2 batches of 16 on each of 2 ranks
     assert full_rec["val_events"] == round(0.1 * 1024)  # every validation event
+
+
+def test_an_earlier_run_is_never_silently_overwritten(toy_files, tmp_path):
+    out = tmp_path / "run"
+    first = run(1, toy_files, out, "--set", "train.epochs=1")
+    assert first.returncode == 0, first.stderr
+    before = (out / "metrics.jsonl").read_text()
+    again = run(1, toy_files, out, "--set", "train.epochs=1")
+    assert again.returncode == 2 and "already holds a run" in again.stderr
+    assert "--resume" in again.stderr and "--overwrite" in again.stderr
+    assert (out / "metrics.jsonl").read_text() == before  # untouched
+    changed = run(1, toy_files, out, "--set", "train.epochs=2", "--set", "hparams.lr=0.02",
+                  "--resume")
+    assert changed.returncode == 2, changed.stderr
+    assert "hparams.lr: (unset) -> 0.02" in changed.stderr and "--force" in changed.stderr
+    assert (out / "metrics.jsonl").read_text() == before
+    longer = run(1, toy_files, out, "--set", "train.epochs=2", "--resume")  # a safe change
+    assert longer.returncode == 0, longer.stderr
+    assert "resuming with a changed config: train.epochs: 1 -> 2" in longer.stdout
+    assert [json.loads(l)["epoch"] for l in open(out / "metrics.jsonl")] == [1, 2]
+    forced = run(1, toy_files, out, "--set", "train.epochs=3", "--set", "hparams.lr=0.02",
+                 "--resume", "--force")
+    assert forced.returncode == 0, forced.stderr
+    assert yaml.safe_load(open(out / "config.yaml"))["hparams"]["lr"] == 0.02
+    fresh = run(1, toy_files, out, "--set", "train.epochs=1", "--overwrite")
+    assert fresh.returncode == 0, fresh.stderr
+    assert [json.loads(l)["epoch"] for l in open(out / "metrics.jsonl")] == [1]
+    assert len(os.listdir(out / "checkpoints")) == 2  # one checkpoint and 'latest'

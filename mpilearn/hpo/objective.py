@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import math
-import os
 import sys
 import time
 import traceback
@@ -179,9 +178,9 @@ def _run_fold(config: dict, point: dict, fold: int, ctx, output: str, obj: dict,
             events = fold_events(n_events, search["folds"], fold, search["seed"],
                                  config["data"]["val_fraction"] or 0.2)
             deadline = start + search["trial_timeout"] if search["trial_timeout"] > 0 else None
-            resume = ctx.comm.bcast(os.path.isdir(os.path.join(output, "checkpoints")), root=0)
+            # a fold directory exists only for a trial run again (interrupted): continue it
             trainer = Trainer(trial, ctx, output=output, progress=False, events=events,
-                              deadline=deadline, resume="auto" if resume else False)
+                              deadline=deadline, resume="auto")
             trainer.on_epoch = on_epoch
             trainer.fit()
             values = values_of(trainer.history, obj, time.time() - start)

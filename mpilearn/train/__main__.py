@@ -57,6 +57,12 @@ def parse_args(argv=None):
     p.add_argument("--resume", nargs="?", const="latest", choices=("latest", "auto"),
                    help="continue from the latest checkpoint in the run directory; with "
                         "'auto', start fresh when there is none (requeued batch jobs)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an earlier run in the run directory (its config, metrics, "
+                        "checkpoints, validation and models)")
+    p.add_argument("--force", action="store_true",
+                   help="with --resume: continue although the config changed in what is "
+                        "trained (the changes are listed)")
     p.add_argument("--no-progress", action="store_true", help="no tqdm bar")
     return p.parse_args(argv)
 
@@ -86,7 +92,8 @@ def main(argv=None) -> int:
 
         resume = {None: False, "latest": True, "auto": "auto"}[args.resume]
         trainer = Trainer(config, ctx, output=args.output, resume=resume,
-                          progress=not args.no_progress)
+                          progress=not args.no_progress, overwrite=args.overwrite,
+                          force=args.force)
         trainer.fit()
     except preempt.Preempted:
         return preempt.REQUEUE_EXIT

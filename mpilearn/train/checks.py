@@ -30,6 +30,74 @@ def check_output(path: str) -> None:
         raise UsageError(f"--output {path}: {parent} is not writable")
 
 
+# what a run directory holds; --overwrite removes exactly these
+RUN_OUTPUTS = ("config.yaml", "metrics.jsonl", "checkpoints", "validation", "models")
+# keys that a resumed run may change: how long, how often, where; not what is trained
+SAFE_ON_RESUME = {"output", "train.epochs", "train.max_steps_per_epoch", "train.validate_every",
+                  "train.physics_events", "train.checkpoint_every_steps",
+                  "train.keep_checkpoints", "train.early_stopping.patience",
+                  "train.early_stopping.min_delta", "data.prefetch", "data.on_error",
+                  "device.allow_shared_gpus"}
+
+
+class _Unset:
+    def __repr__(self):
+        return "(unset)"
+
+
+UNSET = _Unset()
+
+
+def check_run_dir(path: str, config: dict, resume, overwrite: bool, force: bool) -> list:
+    """Rank 0, before any work: a run directory that already holds a run is continued only
+    with ``--resume`` (its config's changes limited to safe keys unless ``force``) and replaced
+    only with ``--overwrite``. Returns the notes to print (changes accepted)."""
+    import yaml
+
+    from ..config import flatten
+
+    present = [n for n in RUN_OUTPUTS if os.path.exists(os.path.join(path, n))]
+    if not present:
+        return []
+    if overwrite:
+        if resume:
+            raise UsageError("--overwrite and --resume contradict each other: choose one")
+        return []
+    if not resume:
+        raise UsageError(f"--output {path} already holds a run ({', '.join(present)}): continue "
+                         "it with --resume (or --resume auto), or replace it with --overwrite")
+    saved = os.path.join(path, "config.yaml")
+    if not os.path.exists(saved):
+        return []
+    try:
+        old = flatten(yaml.safe_load(open(saved)) or {})
+    except (OSError, yaml.YAMLError) as err:
+        if force:
+            return [f"mpilearn: --force: {saved} unreadable ({err}); not compared"]
+        raise UsageError(f"--resume: {saved} cannot be read ({err}); --force skips the check")
+    new = flatten(config)
+    changed = sorted(k for k in set(old) | set(new) if old.get(k, UNSET) != new.get(k, UNSET))
+    described = [f"{k}: {old.get(k, UNSET)!r} -> {new.get(k, UNSET)!r}" for k in changed]
+    unsafe = [d for k, d in zip(changed, described) if k not in SAFE_ON_RESUME]
+    if unsafe and not force:
+        raise UsageError(f"--resume with a config that differs from {saved} in what is trained: "
+                         f"{'; '.join(unsafe)}. Resume with the saved config, or add --force "
+                         "to continue with the new one")
+    return [f"mpilearn: resuming with a changed config: {'; '.join(described)}"] if changed else []
+
+
+def clear_run_dir(path: str) -> None:
+    """``--overwrite``: remove the earlier run's outputs (nothing else in the directory)."""
+    import shutil
+
+    for name in RUN_OUTPUTS:
+        target = os.path.join(path, name)
+        if os.path.isdir(target):
+            shutil.rmtree(target)
+        elif os.path.exists(target):
+            os.unlink(target)
+
+
 def build_task(builder, spec: str, hparams: dict, comm):
     """Collective: ``builder(hparams)`` on every rank; an exception or a wrong return type on
     any rank is bad input, reported once (the builder's message, with the hparams given)."""

@@ -18,8 +18,8 @@ import numpy as np
 import torch
 
 from .. import comm as mcomm
-from .checks import (build_task, check_monitor, check_output, describe_missing, dry_run,
-                     remove_stale_temp)
+from .checks import (build_task, check_monitor, check_output, check_run_dir, clear_run_dir,
+                     describe_missing, dry_run, remove_stale_temp)
 from ..comm import UsageError, check_on_root, fail_usage
 from ..config import dump
 from ..data.hdf5 import EventFiles, ShardedLoader, eval_batches, split_events
@@ -82,10 +82,13 @@ def default_output(config: dict) -> str:
 class Trainer:
     def __init__(self, config: dict, ctx, output: Optional[str] = None, resume=False,
                  progress: bool = True, events: Optional[tuple] = None,
-                 deadline: Optional[float] = None):
+                 deadline: Optional[float] = None, overwrite: bool = False,
+                 force: bool = False):
         """``resume``: False, True (a checkpoint must exist) or "auto" (continue from one if
         there is one); ``events``: explicit (train, validation) event indices (HPO folds);
-        ``deadline``: a time.time() after which training stops with TrainingStopped."""
+        ``deadline``: a time.time() after which training stops with TrainingStopped;
+        ``overwrite``: replace an earlier run in ``output``; ``force``: resume although the
+        config changed in what is trained."""
         self.config, self.ctx, self.resume = config, ctx, resume
         self.deadline, self.history = deadline, []
         self.on_epoch = None  # collective callback(record) -> True to stop (HPO schedulers)
@@ -96,6 +99,9 @@ class Trainer:
         # 0. the run directory, before anything is computed
         self.output = comm.bcast(output or config["output"] or default_output(config), root=0)
         check_on_root(comm, check_output, self.output)
+        notes = check_on_root(comm, check_run_dir, self.output, config, resume, overwrite, force)
+        for note in notes or ():
+            print(note, flush=True)
 
         # 1. the model builder: a missing file or function is bad input
         check_on_root(comm, load_builder, config["model"])
@@ -145,6 +151,8 @@ class Trainer:
         self.ckpt_dir = os.path.join(self.output, "checkpoints")
         self.metrics_path = os.path.join(self.output, "metrics.jsonl")
         if ctx.rank == 0:
+            if overwrite:
+                clear_run_dir(self.output)
             os.makedirs(self.ckpt_dir, exist_ok=True)
             for path in remove_stale_temp([self.output, self.ckpt_dir]):
                 print(f"mpilearn: removed {path}, left by an interrupted write", flush=True)
