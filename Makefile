@@ -21,7 +21,7 @@ MPICH_STAMP := $(MPICH)/.installed
 
 setup: $(STAMP)
 
-$(STAMP): setup.py Makefile
+$(STAMP): pyproject.toml Makefile
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip wheel setuptools
 	# torch first and pinned: an unpinned torch pulls a multi-GB CUDA build

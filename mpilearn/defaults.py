@@ -8,7 +8,6 @@ from __future__ import annotations
 import glob
 import os
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EVENTS, SEED, ENERGY = 2400, 2026, (100.0, 200.0)
 
 
@@ -22,7 +21,7 @@ def data_dir() -> str:
 
 def default_config() -> dict:
     return {
-        "model": os.path.join(REPO, "models", "gan3d.py"),
+        "model": "mpilearn.models.gan3d",  # a module: the same in a checkout and a wheel
         "hparams": {"preset": "small"},
         "data": {"files": [os.path.join(data_dir(), "*.h5")], "val_fraction": 0.15},
         "train": {"epochs": 4, "batch_size": 16, "validate_every": 1, "physics_events": 256},

@@ -34,7 +34,7 @@ def prepare(config: dict, world_size: int, resume) -> dict:
     from .hpo.journal import Journal
     from .hpo.searchers import make_searcher
     from .hpo.space import Space
-    from .models import default_hparams, load_builder
+    from .builders import default_hparams, load_builder
 
     s = config["search"]
     layout.check(world_size, s["blocks"], s["folds"], s["ranks_per_fold"], s["fold_mode"])
@@ -247,7 +247,7 @@ def main(argv=None) -> int:
         from .hpo.journal import Journal
         from .hpo.searchers import make_searcher
         from .hpo.space import Space
-        from .models import default_hparams
+        from .builders import default_hparams
 
         from .hpo import objective
 

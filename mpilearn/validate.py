@@ -51,7 +51,7 @@ def _run_config(checkpoint: str, config: str = None) -> dict:
 def prepare(args):
     """Rank 0: check every input before anything is built or read."""
     from .data.hdf5 import EventFiles
-    from .models import load_builder
+    from .builders import load_builder
     from .train.engine import expand_files
 
     checkpoint = _resolve_checkpoint(args.checkpoint)
@@ -79,7 +79,7 @@ def main(argv=None) -> int:
     try:
         checkpoint, config, files = ctx.comm.bcast(check_on_root(ctx.comm, prepare, args), root=0)
         from .data.hdf5 import EventFiles
-        from .models import load_builder
+        from .builders import load_builder
         from .train import checkpoint as ckpt
 
         task = load_builder(config["model"])(dict(config.get("hparams") or {}))

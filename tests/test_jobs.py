@@ -72,7 +72,7 @@ def test_example_sweep_configs_are_valid(name):
     from mpilearn.hpo.pruners import make_pruner
     from mpilearn.hpo.searchers import make_searcher
     from mpilearn.hpo.space import Space
-    from mpilearn.models import default_hparams
+    from mpilearn.builders import default_hparams
 
     config = resolve(os.path.join(REPO, "jobs", name), schema=hpo_schema(), require_model=False)
     s = config["search"]

@@ -19,7 +19,7 @@ import numpy as np
 
 from .. import preempt
 from ..comm import UsageError
-from ..models import load_builder
+from ..builders import load_builder
 from .space import apply
 
 

@@ -25,7 +25,7 @@ from ..config import dump
 from ..data.hdf5 import EventFiles, ShardedLoader, eval_batches, split_events
 from .. import preempt
 from ..io import append_jsonl, read_jsonl
-from ..models import load_builder
+from ..builders import load_builder
 from . import asyncsgd
 from . import checkpoint as ckpt
 
