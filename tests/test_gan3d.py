@@ -185,8 +185,14 @@ def test_two_rank_gan_equals_one_rank_with_double_batch(showers_dir, tmp_path):
 def test_gan_training_with_validation_and_validate_cli(showers_dir, tmp_path):
     out = tmp_path / "run"
     proc = gan_run(2, showers_dir, out, 4, "--set", "train.epochs=2", "--set", "train.validate_every=1",
-                   "--set", "train.physics_events=40")
+                   "--set", "train.physics_events=40", "--set", "train.log=[jsonl,tensorboard]")
     assert proc.returncode == 0, proc.stderr
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    board = EventAccumulator(str(out / "tensorboard"), size_guidance={"images": 0}).Reload()
+    assert "epoch/score" in board.Tags()["scalars"]  # the physics score, and its plots
+    assert {"validation/profiles", "validation/spectra"} <= set(board.Tags()["images"])
+    assert [i.step for i in board.Images("validation/profiles")] == [1, 2]
     lines = [json.loads(l) for l in open(out / "metrics.jsonl")]
     assert len(lines) == 2 and all(np.isfinite(l["score"]) for l in lines)
     assert {"train_d_loss", "train_g_loss", "train_g_ecal", "val_d_loss", "val_g_loss"} <= set(lines[0])

@@ -134,7 +134,8 @@ def test_kill9_mid_sweep_then_resume(tmp_path):
 
 def test_real_sweep_of_the_supervised_model(toy_file, tmp_path):
     cfg = {"model": f"{REPO}/models/mlp.py", "data": {"files": [toy_file]},
-           "train": {"epochs": 2, "batch_size": 32}, "output": str(tmp_path / "sweep"),
+           "train": {"epochs": 2, "batch_size": 32, "log": ["jsonl", "tensorboard"]},
+           "output": str(tmp_path / "sweep"),
            "search": {"searcher": "gp", "budget": 4, "blocks": 2, "folds": 2, "ranks_per_fold": 1,
                       "options": {"n_initial": 2},
                       "objective": {"metric": "val_loss", "mode": "best"},
@@ -149,8 +150,19 @@ def test_real_sweep_of_the_supervised_model(toy_file, tmp_path):
     assert len(done) == 4
     for r in done:
         assert len(r["fold_values"]) == 2 and r["value"] == pytest.approx(np.mean(r["fold_values"]))
-        for fold in (0, 1):  # each fold its own run directory
-            assert (tmp_path / "sweep" / "trials" / r["key"] / f"fold{fold}" / "metrics.jsonl").exists()
+        for fold in (0, 1):  # each fold its own run directory, its point in TensorBoard's HParams
+            folder = tmp_path / "sweep" / "trials" / r["key"] / f"fold{fold}"
+            assert (folder / "metrics.jsonl").exists()
+            from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+            from tensorboard.plugins.hparams import plugin_data_pb2
+
+            board = EventAccumulator(str(folder / "tensorboard")).Reload()
+            start = board.PluginTagToContent("hparams")["_hparams_/session_start_info"]
+            info = plugin_data_pb2.HParamsPluginData.FromString(start).session_start_info
+            assert info.hparams["lr"].number_value == pytest.approx(r["params"]["lr"])
+            assert info.hparams["optimizer"].string_value == r["params"]["optimizer"]
+            assert "hparam/val_loss" in board.Tags()["scalars"]
     proc = mpirun(1, ["-m", "mpilearn.report", str(tmp_path / "sweep")])
     assert proc.returncode == 0, proc.stderr
     report = tmp_path / "sweep" / "report"

@@ -159,3 +159,27 @@ def test_an_earlier_run_is_never_silently_overwritten(toy_files, tmp_path):
     assert fresh.returncode == 0, fresh.stderr
     assert [json.loads(l)["epoch"] for l in open(out / "metrics.jsonl")] == [1]
     assert len(os.listdir(out / "checkpoints")) == 2  # one checkpoint and 'latest'
+
+
+def test_tensorboard_and_csv_logs(toy_files, tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    out = tmp_path / "run"
+    proc = run(2, toy_files, out, "--set", "train.epochs=2", "--set", "train.log=[jsonl,tensorboard,csv]",
+               "--set", "train.log_every_steps=5")
+    assert proc.returncode == 0, proc.stderr
+    jsonl = [json.loads(l) for l in open(out / "metrics.jsonl")]
+    events = EventAccumulator(str(out / "tensorboard")).Reload()
+    tags = set(events.Tags()["scalars"])
+    assert {"epoch/train_loss", "epoch/val_loss", "epoch/time.compute", "step/train_loss"} <= tags
+    val = events.Scalars("epoch/val_loss")
+    assert [e.step for e in val] == [r["step"] for r in jsonl]
+    assert [e.value for e in val] == pytest.approx([r["val_loss"] for r in jsonl], rel=1e-6)
+    assert [e.step for e in events.Scalars("step/train_loss")] == list(range(5, jsonl[-1]["step"] + 1, 5))
+    import csv
+
+    rows = list(csv.DictReader(open(out / "metrics.csv")))
+    assert [int(r["epoch"]) for r in rows] == [1, 2]
+    assert float(rows[1]["val_loss"]) == pytest.approx(jsonl[1]["val_loss"])
+    bad = run(1, toy_files, tmp_path / "bad", "--set", "train.log=[jsonl,tensorbord]")
+    assert bad.returncode == 2 and "train.log has 'tensorbord'" in bad.stderr

@@ -184,6 +184,8 @@ def _run_fold(config: dict, point: dict, fold: int, ctx, output: str, obj: dict,
             trainer.on_epoch = on_epoch
             trainer.fit()
             values = values_of(trainer.history, obj, time.time() - start)
+            if trainer.log is not None:  # TensorBoard's HParams tab: this fold's point and value
+                trainer.log.hparams(point, dict(zip(obj["metrics"], values)))
         bad = [v for v in values if not math.isfinite(v)]
         if bad:
             return {"status": "failed", "reason": f"objective is {bad[0]}", "wall": time.time() - start}

@@ -28,6 +28,7 @@ from ..io import append_jsonl, read_jsonl
 from ..builders import load_builder
 from . import asyncsgd
 from . import checkpoint as ckpt
+from . import loggers
 
 
 def _raise(message: str):
@@ -103,6 +104,8 @@ class Trainer:
         for note in notes or ():
             print(note, flush=True)
 
+        check_on_root(comm, loggers.check, train["log"])
+
         # 1. the model builder: a missing file or function is bad input
         check_on_root(comm, load_builder, config["model"])
         # TensorFlow sizes its thread pools when it starts (maybe inside the model file)
@@ -157,6 +160,7 @@ class Trainer:
             for path in remove_stale_temp([self.output, self.ckpt_dir]):
                 print(f"mpilearn: removed {path}, left by an interrupted write", flush=True)
             dump(config, os.path.join(self.output, "config.yaml"))
+        self.log = loggers.Loggers(train["log"], self.output) if ctx.rank == 0 else None
 
         # 4. devices, weights, optimizers
         device = _check_devices(ctx, config)
@@ -286,6 +290,9 @@ class Trainer:
                                                  "step": self.global_step + 1, "stopped": str(stop)})
             self._save()
             raise
+        finally:
+            if self.log is not None:
+                self.log.close()
 
     def _fit(self) -> dict:
         t = self.config["train"]
@@ -323,6 +330,9 @@ class Trainer:
                     self.acc["samples"] += self.loader.global_batch
                     self.step_in_epoch += 1
                     self.global_step += 1
+                    if self.log is not None and t["log_every_steps"] \
+                            and self.global_step % t["log_every_steps"] == 0:
+                        self.log.steps(self.global_step, losses)
                     if bar is not None:
                         bar.update(1)
                         bar.set_postfix({k: f"{v:.4g}" for k, v in losses.items()}, refresh=False)
@@ -459,6 +469,7 @@ class Trainer:
         self.history.append(record)
         if self.ctx.rank == 0:
             append_jsonl(self.metrics_path, record)
+            self.log.epoch(record)
             shown = {k: (round(v, 5) if isinstance(v, float) else v) for k, v in record.items()
                      if k.startswith(("train_", "val_", "score")) or k == "samples_per_s"}
             print(f"epoch {record['epoch']}: {shown}", flush=True)
@@ -475,6 +486,8 @@ class Trainer:
         folder = os.path.join(self.output, "validation", f"epoch{self.epoch + 1:04d}")
         result = validate_task(self.task, self.val_source, events, self.ctx.comm, folder,
                                self.config["train"]["physics_events"])
+        if self.log is not None and result.get("plots"):
+            self.log.images(self.epoch + 1, result["plots"])
         return {f"physics_{k}" if k != "score" else "score": v for k, v in result.items()
                 if k != "plots"}
 
