@@ -39,7 +39,7 @@ $(STAMP): pyproject.toml Makefile
 	touch $@
 
 demo: $(STAMP)
-	mpirun -np $(NP) --oversubscribe $(BIN)/python -m mpilearn.train --output runs/demo --overwrite
+	mpirun -np $(NP) --oversubscribe $(BIN)/python -m mpilearn.train --demo --output runs/demo --overwrite
 	@echo
 	@echo "Results: runs/demo (config.yaml, metrics.jsonl, checkpoints/)"
 

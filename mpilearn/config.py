@@ -209,7 +209,8 @@ def resolve(path: Optional[str], sets: Iterable[str] = (), base: Optional[dict] 
         if isinstance(config["data"][key], str):
             config["data"][key] = [config["data"][key]]
     if require_model and not config["model"]:
-        raise UsageError("no model given: set 'model' in the config or --set model=FILE.py")
+        raise UsageError("no model given: set 'model' in the config or --set model=FILE.py "
+                         "(or --demo for the built-in demo job)")
     t = config["train"]
     for key in ("epochs", "batch_size", "sync_every"):
         if t[key] < 1:

@@ -1,4 +1,4 @@
-"""The embedded default job: what ``python -m mpilearn.train`` runs with no config.
+"""The embedded demo job: what ``python -m mpilearn.train --demo`` (and ``make demo``) runs.
 
 The small 3DGAN preset on synthetic showers (``mpilearn.simulate``), generated once by rank 0
 into the cache folder, so the demo needs no download. Physics validation runs every epoch.

@@ -46,7 +46,10 @@ def prepare(config: dict, world_size: int, resume) -> dict:
     if "callable" not in obj:
         if not config["model"]:
             raise UsageError("no model given: set 'model' (or a search.objective.function)")
+        from .train.checks import check_hparams
+
         declared = default_hparams(config["model"])
+        check_hparams(config["model"], config["hparams"])
         defaults = {**declared, **config["hparams"]}
         try:
             task = load_builder(config["model"])(defaults)
@@ -63,13 +66,6 @@ def prepare(config: dict, world_size: int, resume) -> dict:
             if metric not in names:
                 raise UsageError(f"search.objective.metric '{metric}' is never logged by "
                                  f"this model and config (logged: {', '.join(sorted(names))})")
-        for name in config["hparams"]:
-            if name not in declared:
-                from .train.checks import did_you_mean
-
-                raise UsageError(f"hparams.{name}: the model {config['model']} has no "
-                                 f"hyperparameter '{name}'{did_you_mean(name, declared)}; its "
-                                 f"DEFAULTS are: {', '.join(sorted(declared))}")
         files = EventFiles(expand_files(config["data"]["files"]), task.keys, task.optional_keys)
         if hasattr(task, "check_files"):
             task.check_files(files)

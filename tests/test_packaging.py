@@ -41,7 +41,7 @@ def test_the_wheel_runs_the_default_job_outside_the_checkout(tmp_path):
     assert where.returncode == 0, where.stderr
     assert where.stdout.startswith(str(venv)), where.stdout  # the wheel's copy, not the checkout
     job = subprocess.run(["mpirun", "-np", "2", "--oversubscribe", python, "-m", "mpilearn.train",
-                          "--no-progress", "--output", "run", "--set", "train.epochs=1",
+                          "--no-progress", "--demo", "--output", "run", "--set", "train.epochs=1",
                           "--set", "train.max_steps_per_epoch=2", "--set", "train.physics_events=32"],
                          cwd=elsewhere, env=env, capture_output=True, text=True, timeout=600)
     assert job.returncode == 0, job.stderr

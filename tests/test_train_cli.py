@@ -183,3 +183,24 @@ def test_tensorboard_and_csv_logs(toy_files, tmp_path):
     assert float(rows[1]["val_loss"]) == pytest.approx(jsonl[1]["val_loss"])
     bad = run(1, toy_files, tmp_path / "bad", "--set", "train.log=[jsonl,tensorbord]")
     assert bad.returncode == 2 and "train.log has 'tensorbord'" in bad.stderr
+
+
+def test_integer_targets_and_unknown_hparams(tmp_path):
+    import h5py
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(256, 8)).astype(np.float32)
+    with h5py.File(tmp_path / "classes.h5", "w") as f:
+        f["X"] = x
+        f["label"] = (x[:, 0] > 0).astype(np.int64) + (x[:, 1] > 1).astype(np.int64)
+    model = os.path.join(TESTS, "models", "classifier.py")
+    args = ["--set", f"model={model}", "--set", f"data.files=[{tmp_path / 'classes.h5'}]"]
+    proc = mpirun(2, train_args(*args, "--set", "train.epochs=20", "--set", "hparams.lr=0.3",
+                                "--output", str(tmp_path / "run")))
+    assert proc.returncode == 0, proc.stderr  # class indices stay integer for CrossEntropyLoss
+    last = [json.loads(l) for l in open(tmp_path / "run" / "metrics.jsonl")][-1]
+    assert last["val_accuracy"] > 0.5
+    typo = mpirun(2, train_args(*args, "--set", "hparams.classses=4", "--output", str(tmp_path / "t")))
+    assert typo.returncode == 2, typo.stderr
+    assert "hparams.classses: the model" in typo.stderr and "did you mean 'classes'" in typo.stderr
+    assert typo.stderr.count("mpilearn: error:") == 1 and not (tmp_path / "t").exists()

@@ -1,7 +1,7 @@
 """python -m mpilearn.train: one data-parallel training run.
 
     mpirun -np 4 python -m mpilearn.train --config run.yaml --set train.epochs=10
-    python -m mpilearn.train                      # the embedded default job
+    python -m mpilearn.train --demo               # the embedded demo job (what make demo runs)
     mpirun -np 4 python -m mpilearn.train --config run.yaml --output runs/a --resume
     srun python -m mpilearn.train --config run.yaml --output runs/a --resume auto   # batch jobs
 """
@@ -34,6 +34,7 @@ config keys (YAML; --set uses dotted names):
   train.checkpoint_every_steps  0 (epoch ends only)  train.keep_checkpoints  3
   train.validate_every       0 (off)  physics score every N epochs (GAN tasks)
   train.physics_events       512    validation events used for the physics score
+  train.log                  [jsonl] + tensorboard | csv | mlflow   train.log_every_steps  0
   device.type                auto | cpu | cuda    device.allow_shared_gpus  false
   output                     run directory (default runs/<model>-<time>)
 
@@ -50,7 +51,11 @@ def parse_args(argv=None):
     p = RankZeroArgumentParser(
         prog="python -m mpilearn.train", description="Data-parallel training over MPI.",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", help="YAML config file (default: the embedded default job)")
+    p.add_argument("--config", help="YAML config file; without one, the documented defaults "
+                                     "and --set")
+    p.add_argument("--demo", action="store_true",
+                   help="the embedded demo job (the small 3DGAN on synthetic showers, simulated "
+                        "once into the cache) as the base under --config and --set")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key, e.g. --set train.epochs=3 (repeatable)")
     p.add_argument("--output", help="run directory (overrides the 'output' key)")
@@ -80,7 +85,7 @@ def main(argv=None) -> int:
         if ctx.rank == 0:
             print(line, flush=True)
         base = None
-        if not args.config:
+        if args.demo:
             from ..defaults import default_config, ensure_data
 
             base = default_config()

@@ -98,6 +98,19 @@ def clear_run_dir(path: str) -> None:
             os.unlink(target)
 
 
+def check_hparams(model: str, hparams: dict) -> None:
+    """Rank 0: a model that declares ``DEFAULTS`` takes no other hyperparameter (a typo would
+    train with the default, silently)."""
+    from ..builders import default_hparams
+
+    declared = default_hparams(model)
+    for name in hparams if declared else ():
+        if name not in declared:
+            raise UsageError(f"hparams.{name}: the model {model} has no hyperparameter "
+                             f"'{name}'{did_you_mean(name, declared)}; its DEFAULTS are: "
+                             f"{', '.join(sorted(declared))}")
+
+
 def build_task(builder, spec: str, hparams: dict, comm):
     """Collective: ``builder(hparams)`` on every rank; an exception or a wrong return type on
     any rank is bad input, reported once (the builder's message, with the hparams given)."""

@@ -18,8 +18,8 @@ import numpy as np
 import torch
 
 from .. import comm as mcomm
-from .checks import (build_task, check_monitor, check_output, check_run_dir, clear_run_dir,
-                     describe_missing, dry_run, remove_stale_temp)
+from .checks import (build_task, check_hparams, check_monitor, check_output, check_run_dir,
+                     clear_run_dir, describe_missing, dry_run, remove_stale_temp)
 from ..comm import UsageError, check_on_root, fail_usage
 from ..config import dump
 from ..data.hdf5 import EventFiles, ShardedLoader, eval_batches, split_events
@@ -106,8 +106,9 @@ class Trainer:
 
         check_on_root(comm, loggers.check, train["log"])
 
-        # 1. the model builder: a missing file or function is bad input
+        # 1. the model builder: a missing file or function, or an unknown hparam, is bad input
         check_on_root(comm, load_builder, config["model"])
+        check_on_root(comm, check_hparams, config["model"], config["hparams"])
         # TensorFlow sizes its thread pools when it starts (maybe inside the model file)
         for var in ("TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS"):
             os.environ.setdefault(var, str(mcomm.threads_per_rank(ctx)))

@@ -126,7 +126,9 @@ class SupervisedTask(Task):
     """A model, a loss and an optimizer: ``loss(model(*inputs), target)`` is minimised.
 
     ``loss`` and each metric return the mean over the batch; ``inputs`` and ``target`` name
-    HDF5 dataset keys.
+    HDF5 dataset keys. ``target_dtype``: the target's torch dtype; by default an integer
+    HDF5 target stays integer (``torch.long``: class indices, as ``CrossEntropyLoss`` wants)
+    and any other becomes the task's float dtype.
     """
 
     def __init__(self, model: torch.nn.Module, loss: Callable, optimizer: torch.optim.Optimizer,
@@ -155,8 +157,11 @@ class SupervisedTask(Task):
 
     def _forward(self, batch):
         xs = [self.tensor(batch[k]) for k in self.inputs]
-        y = self.tensor(batch[self.target], self.target_dtype)
-        return self.model(*xs), y
+        target = np.asarray(batch[self.target])
+        dtype = self.target_dtype
+        if dtype is None and (np.issubdtype(target.dtype, np.integer) or target.dtype == bool):
+            dtype = torch.long
+        return self.model(*xs), self.tensor(target, dtype)
 
     def train_step(self, batch):
         self.model.train()
