@@ -129,7 +129,9 @@ def render(kind: str, config_path: str, output: str, config: dict, site: dict) -
         f'VENV=${{MPILEARN_VENV:-{venv}}}',
         'if [ -n "$MODULES" ]; then module purge && module load $MODULES; fi',
         'source "$VENV/bin/activate"',
-        "export OMP_NUM_THREADS=${SLURM_CPUS_PER_TASK:-1}",
+        "# threads per rank: --cpus-per-task when given, else mpilearn's cores / ranks per node",
+        'if [ -n "${SLURM_CPUS_PER_TASK:-}" ]; then export OMP_NUM_THREADS=$SLURM_CPUS_PER_TASK; '
+        'else unset OMP_NUM_THREADS; fi',
         'echo "mpilearn: job ${SLURM_JOB_ID} restart ${SLURM_RESTART_COUNT:-0} on '
         '${SLURM_JOB_NODELIST}: $CONFIG -> $OUTPUT"',
         'mkdir -p "$OUTPUT"',

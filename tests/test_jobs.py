@@ -82,3 +82,16 @@ def test_example_sweep_configs_are_valid(name):
     make_searcher(s["searcher"], space, s["seed"], len(obj["directions"]), **s["options"])
     make_pruner(s["pruner"], obj["directions"][0], **s["pruner_options"])
     assert set(config["hparams"]) <= set(declared)
+
+
+def test_rendered_scripts_give_ranks_cores_over_ranks_unless_cpus_per_task():
+    text = open(os.path.join(REPO, "jobs", "train.sbatch")).read()
+    (line,) = [l for l in text.splitlines() if "OMP_NUM_THREADS" in l and not l.startswith("#")]
+
+    def threads(**env):
+        return subprocess.run(["bash", "-c", f"set -u; {line}; echo ${{OMP_NUM_THREADS:-unset}}"],
+                              env={"PATH": os.environ["PATH"], "OMP_NUM_THREADS": "1", **env},
+                              capture_output=True, text=True, check=True).stdout.strip()
+
+    assert threads(SLURM_CPUS_PER_TASK="4") == "4"
+    assert threads() == "unset"  # mpilearn then gives each rank cores / ranks on the node
