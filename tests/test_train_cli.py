@@ -204,3 +204,19 @@ def test_integer_targets_and_unknown_hparams(tmp_path):
     assert typo.returncode == 2, typo.stderr
     assert "hparams.classses: the model" in typo.stderr and "did you mean 'classes'" in typo.stderr
     assert typo.stderr.count("mpilearn: error:") == 1 and not (tmp_path / "t").exists()
+
+
+def test_without_a_config_the_documented_defaults_apply(toy_files, tmp_path):
+    """The demo job is a base only with --demo: a plain run gets the key table's defaults."""
+    proc = mpirun(1, train_args("--set", f"model={MLP}", "--set",
+                                f"data.files={toy_files!r}".replace("'", ""),
+                                "--output", str(tmp_path / "plain")))
+    assert proc.returncode == 0, proc.stderr
+    config = yaml.safe_load(open(tmp_path / "plain" / "config.yaml"))
+    assert config["hparams"] == {} and config["data"]["val_fraction"] == 0.1
+    assert (config["train"]["epochs"], config["train"]["batch_size"]) == (1, 32)
+    assert config["train"]["validate_every"] == 0
+    assert [json.loads(l)["epoch"] for l in open(tmp_path / "plain" / "metrics.jsonl")] == [1]
+    nothing = mpirun(1, train_args("--output", str(tmp_path / "none")))
+    assert nothing.returncode == 2 and "no model given" in nothing.stderr
+    assert "--demo" in nothing.stderr

@@ -26,3 +26,20 @@ def write_regression(path: str, events: int = 4096, features: int = 8, seed: int
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     atomic_write_bytes(path, write)
     return path
+
+
+def main(argv=None) -> int:
+    """python -m mpilearn.data.toy OUTPUT.h5 [--events N]: the README's example data."""
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m mpilearn.data.toy", description=main.__doc__)
+    p.add_argument("output")
+    p.add_argument("--events", type=int, default=4096)
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    print(write_regression(args.output, args.events, seed=args.seed))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

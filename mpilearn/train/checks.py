@@ -37,7 +37,9 @@ SAFE_ON_RESUME = {"output", "train.epochs", "train.max_steps_per_epoch", "train.
                   "train.physics_events", "train.checkpoint_every_steps",
                   "train.keep_checkpoints", "train.early_stopping.patience",
                   "train.early_stopping.min_delta", "data.prefetch", "data.on_error",
-                  "device.allow_shared_gpus"}
+                  "device.allow_shared_gpus", "train.log", "train.log_every_steps",
+                  # an HPO fold's config carries the sweep's: these do not change its training
+                  "search.budget", "search.trial_timeout", "search.enqueue", "search.warm_start"}
 
 
 class _Unset:
