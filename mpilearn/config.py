@@ -228,10 +228,10 @@ def resolve(path: Optional[str], sets: Iterable[str] = (), base: Optional[dict] 
 
 
 def flatten(tree: dict, prefix: str = "") -> dict:
-    """Dotted keys to leaf values (lists are leaves)."""
+    """Dotted keys to leaf values (lists are leaves; an empty mapping has none)."""
     out = {}
     for key, value in tree.items():
-        if isinstance(value, dict) and value:
+        if isinstance(value, dict):
             out.update(flatten(value, f"{prefix}{key}."))
         else:
             out[f"{prefix}{key}"] = value

@@ -90,7 +90,9 @@ def test_argparse_errors_are_printed_once(tmp_path):
 def test_resume_of_another_model_names_the_tensor(toy_file, tmp_path):
     out = tmp_path / "run"
     assert run(toy_file, out, "--set", "train.max_steps_per_epoch=2").returncode == 0
-    proc = run(toy_file, out, "--set", "hparams.hidden=16", "--resume")
+    proc = run(toy_file, out, "--set", "hparams.hidden=16", "--resume")  # the config says so
+    assert_bad_input(proc, "hparams.hidden: (unset) -> 16")
+    proc = run(toy_file, out, "--set", "hparams.hidden=16", "--resume", "--force")  # the weights too
     assert_bad_input(proc, "is not a checkpoint of this model and optimizer")
     assert "size mismatch for 0.weight" in proc.stderr
 

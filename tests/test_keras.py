@@ -58,7 +58,7 @@ def test_engine_trains_a_keras_model_file_like_a_torch_one(backend, toy_file, tm
     import keras  # the exported model loads back
 
     model = keras.models.load_model(str(tmp_path / "two" / "models" / "model.keras"))
-    assert model.count_params() == sum(np.size(w) for w in w2)
+    assert model.count_params() == sum(np.asarray(w).size for w in w2)
 
 
 def test_keras_kill9_then_resume_matches_uninterrupted(toy_file, tmp_path):
