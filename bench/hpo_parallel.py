@@ -158,13 +158,22 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out", default=os.path.join(REPO, "bench", "results", "hpo_parallel"))
+    ap.add_argument("--only", help="re-measure these settings (BLOCKS:TRIAL_S,...) and keep the "
+                                   "other rows of OUT.json")
     a = ap.parse_args()
     seeds = range(2) if a.quick else range(5)
     settings = [(1, 0.0), (8, 0.0), (32, 0.0), (8, 1.0), (32, 1.0)]
     if not a.quick:
         settings.insert(1, (1, 0.2))  # 1 s trials on one block would take 50 s per run
-    rows = []
+    rows, cost = [], None
+    if a.only:
+        wanted = {(int(b), float(t)) for b, t in (x.split(":") for x in a.only.split(","))}
+        old = json.load(open(a.out + ".json"))
+        rows = [r for r in old["quality"] if (r["blocks"], r["trial_s"]) not in wanted]
+        cost = old["cost"]
     for blocks, trial_s in settings:
+        if a.only and (blocks, trial_s) not in wanted:
+            continue
         for problem in PROBLEMS:
             for method in METHODS:
                 runs = [sweep(method, problem, s, blocks, trial_s) for s in seeds]
@@ -175,7 +184,8 @@ def main():
                        "wall_s": float(np.mean([r["wall_s"] for r in runs]))}
                 rows.append(row)
                 print(json.dumps(row), flush=True)
-    cost = cost_at_1000()
+    if cost is None or not a.only:
+        cost = cost_at_1000()
     print(json.dumps(cost), flush=True)
     md = [f"Median regret after 50 evaluations over {len(seeds)} seeds (lower is better); "
           "'model' is the share of mpilearn gp's post-initial suggestions that came from the GP.", "",
@@ -185,6 +195,8 @@ def main():
         for problem in PROBLEMS:
             get = {r["method"]: r for r in rows if (r["blocks"], r["trial_s"], r["problem"])
                    == (blocks, trial_s, problem)}
+            if not get:
+                continue
             md.append(f"| {blocks} | {'instant' if trial_s == 0 else f'~{trial_s:g} s'} | {problem} | "
                       f"{get['mpilearn-gp']['median_regret']:.4g} | "
                       f"{get['mpilearn-gp']['model_share']:.0%} | "

@@ -89,7 +89,7 @@ class GPSearcher(Searcher):
       this batch) joins the GP with the model's own prediction as its value, so n suggestions
       come from the latest model and spread out instead of piling up on one optimum.
     - Bounded cost: one model is kept (skopt's Optimizer keeps all of them); the kernel's
-      hyperparameters are refitted while n <= 50 and then each time n grows by 20 %, on at
+      hyperparameters are refitted each time n grows by 20 % (every result while n < 10), on at
       most ``max_fit_points`` points (the best half and the most recent half); otherwise the
       model is refitted with its kernel fixed (one Cholesky factorisation). Tells are batched:
       the fit happens at the next ask.
@@ -141,7 +141,7 @@ class GPSearcher(Searcher):
             return
         Xt = self.sk_space.transform(self.X)
         y = np.asarray(self.y, dtype=float)
-        if self.kernel is None or n <= 50 or n >= 1.2 * self.n_hyper:
+        if self.kernel is None or n >= self.n_hyper + max(1, self.n_hyper // 5):
             idx = np.arange(n)
             if n > self.max_fit_points:  # hyperparameters from the best and the newest points
                 half = self.max_fit_points // 2
