@@ -20,7 +20,6 @@ import argparse
 import heapq
 import json
 import os
-import statistics
 import tempfile
 import time
 

@@ -31,7 +31,6 @@ def prepare(config: dict, world_size: int, resume) -> dict:
     """Rank 0, before any trial: layout, space, searcher, objective, data, model, output."""
     from .config import dump
     from .hpo import objective
-    from .hpo.journal import Journal
     from .hpo.searchers import make_searcher
     from .hpo.space import Space
     from .builders import default_hparams, load_builder

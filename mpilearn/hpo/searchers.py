@@ -24,9 +24,6 @@ import numpy as np
 from .space import Space, trial_key
 
 
-ORIGINS = ("initial", "model", "random", "enqueued", "fallback")
-
-
 class Searcher:
     """``ask_many(n, pending, exclude)`` returns up to n ``(point, origin)`` pairs: ``pending``
     are points handed out but not yet told (busy blocks), ``exclude`` the keys never to return.
