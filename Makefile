@@ -41,7 +41,7 @@ $(STAMP): pyproject.toml Makefile
 demo: $(STAMP)
 	mpirun -np $(NP) --oversubscribe $(BIN)/python -m mpilearn.train --demo --output runs/demo --overwrite
 	@echo
-	@echo "Results: runs/demo (config.yaml, metrics.jsonl, checkpoints/)"
+	@echo "Results: runs/demo (config.yaml, metrics.jsonl, checkpoints/, validation/, models/)"
 
 test: $(STAMP) $(HVD_STAMP) $(MPICH_STAMP) slurm-packages
 	$(BIN)/python -m pytest -q tests
