@@ -511,15 +511,17 @@ class Prefetcher:
         self._wake.set()
         return point, origin
 
+    # a finite space up to this size is enumerated to find its untried points (and to know
+    # when none is left); a larger one is sampled, as a real-valued one is
+    ENUMERABLE = 100_000
+
     def _untried(self) -> Optional[Dict[str, Any]]:
         space = self.searcher.space
-        if space.size() is not None:  # finite: pick among the points never handed out
-            rest = [p for p in space.grid() if trial_key(p) not in self.known]
-            if not rest:
-                return None
-            rng = np.random.default_rng([self.searcher.seed, 10 ** 6 + self.fallbacks])
-            return rest[int(rng.integers(len(rest)))]
         rng = np.random.default_rng([self.searcher.seed, 10 ** 6 + self.fallbacks])
+        size = space.size()
+        if size is not None and size <= self.ENUMERABLE:
+            rest = [p for p in space.grid() if trial_key(p) not in self.known]
+            return rest[int(rng.integers(len(rest)))] if rest else None
         for _ in range(100):
             point = space.sample(rng)
             if trial_key(point) not in self.known:

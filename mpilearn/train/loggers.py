@@ -106,17 +106,24 @@ class Loggers:
             self.tb.close()
 
     def _csv_row(self, row: dict) -> None:
+        """Appends a row; rewrites the file only when the row brings a new column."""
         path = os.path.join(self.output, "metrics.csv")
-        rows = []
+        row = {k: ("" if v is None else v) for k, v in row.items()}
+        rows, fields = [], []
         if os.path.exists(path):
             with open(path, newline="") as f:
-                rows = list(csv.DictReader(f))
-        rows.append({k: ("" if v is None else v) for k, v in row.items()})
-        fields = list(dict.fromkeys(k for r in rows for k in r))
+                reader = csv.DictReader(f)
+                fields = list(reader.fieldnames or [])
+                if set(row) <= set(fields):
+                    with open(path, "a", newline="") as out:
+                        csv.DictWriter(out, fieldnames=fields, restval="").writerow(row)
+                    return
+                rows = list(reader)
+        fields = list(dict.fromkeys([*fields, *row]))
         buf = io.StringIO()
         writer = csv.DictWriter(buf, fieldnames=fields, restval="")
         writer.writeheader()
-        writer.writerows(rows)
+        writer.writerows([*rows, row])
         atomic_write_text(path, buf.getvalue())
 
     def close(self) -> None:
