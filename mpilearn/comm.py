@@ -230,12 +230,20 @@ def gpus_are_per_task(ctx: Context) -> bool:
     return ctx.local_size > 1 and None not in sets and len(set(sets)) == len(sets)
 
 
+def shared_gpus_from_env() -> bool:
+    """``MPILEARN_ALLOW_SHARED_GPUS=1``: device.allow_shared_gpus for every run of a job
+    (e.g. a test suite of multi-rank runs on a one-GPU machine)."""
+    return os.environ.get("MPILEARN_ALLOW_SHARED_GPUS", "0").lower() in ("1", "true", "yes")
+
+
 def choose_device(ctx: Context, want: str = "auto", allow_shared_gpus: bool = False,
-                  n_gpus: Optional[int] = None, per_task: bool = False) -> str:
+                  n_gpus: Optional[int] = None, per_task: bool = False,
+                  backend: str = "mpi") -> str:
     """One process per GPU: the node-local rank selects ``cuda:local_rank``, or ``cuda:0``
     when the launcher already gave each rank its own GPU (``per_task``).
 
-    More ranks per node than GPUs is an error unless ``allow_shared_gpus``; on CPU, torch uses
+    More ranks per node than GPUs is an error unless ``allow_shared_gpus``, and always with
+    the ``torch`` backend (NCCL refuses two ranks on one GPU); on CPU, torch uses
     cores / ranks-per-node threads so that ranks do not fight over cores.
     """
     n_gpus = cuda_device_count() if n_gpus is None else n_gpus
@@ -245,6 +253,12 @@ def choose_device(ctx: Context, want: str = "auto", allow_shared_gpus: bool = Fa
         raise UsageError(f"device.type is '{want}' but no CUDA device is visible to this rank")
     if per_task:
         return "cuda:0"
+    if ctx.local_size > n_gpus and backend == "torch":
+        raise UsageError(
+            f"{ctx.local_size} ranks on this node but only {n_gpus} GPU(s) visible, and "
+            "train.backend=torch uses NCCL, which cannot run two ranks on one GPU: launch one "
+            f"rank per GPU (at most {n_gpus} per node), or share GPUs with train.backend=mpi "
+            "and device.allow_shared_gpus=true")
     if ctx.local_size > n_gpus and not allow_shared_gpus:
         raise UsageError(
             f"{ctx.local_size} ranks on this node but only {n_gpus} GPU(s) visible: "

@@ -39,6 +39,7 @@ SCHEMA: Dict[str, Any] = {
         "fusion_mb": 25.0,  # tensor-fusion bucket size
         "seed": 0,
         "deterministic": False,
+        "precision": "fp32",          # fp32 | bf16 (autocast: bf16 matmuls/convs, fp32 weights)
         "lr_scaling": "none",        # none | linear (lr x ranks)
         "warmup_epochs": 0.0,        # linear warm-up to the scaled lr
         "early_stopping": {
@@ -67,6 +68,7 @@ CHOICES = {
     "train.backend": ("mpi", "torch", "horovod"),
     "train.algorithm": ("allreduce", "downpour", "easgd"),
     "train.lr_scaling": ("none", "linear"),
+    "train.precision": ("fp32", "bf16"),
     "device.type": ("auto", "cpu", "cuda"),
     "data.on_error": ("stop", "skip"),
 }

@@ -26,6 +26,20 @@ def test_more_ranks_than_gpus_says_which_flag_to_change():
         comm.choose_device(FakePlacement(0, 1), "cuda", n_gpus=0)
 
 
+def test_nccl_never_shares_a_gpu_and_the_env_can_allow_sharing(monkeypatch):
+    # NCCL fails (or hangs) with two ranks on one GPU: refused even with allow_shared_gpus
+    with pytest.raises(UsageError, match="uses NCCL, which cannot run two ranks on one GPU"):
+        comm.choose_device(FakePlacement(1, 2), "cuda", allow_shared_gpus=True, n_gpus=1,
+                           backend="torch")
+    assert comm.choose_device(FakePlacement(1, 2), "cuda", allow_shared_gpus=True, n_gpus=1,
+                              backend="mpi") == "cuda:0"
+    assert comm.choose_device(FakePlacement(1, 2), "cuda", n_gpus=2, backend="torch") == "cuda:1"
+    monkeypatch.delenv("MPILEARN_ALLOW_SHARED_GPUS", raising=False)
+    assert not comm.shared_gpus_from_env()
+    monkeypatch.setenv("MPILEARN_ALLOW_SHARED_GPUS", "1")
+    assert comm.shared_gpus_from_env()
+
+
 def test_init_without_launcher():
     ctx = comm.init()
     assert (ctx.rank, ctx.size, ctx.local_rank, ctx.local_size) == (0, 1, 0, 1)

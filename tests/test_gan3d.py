@@ -182,6 +182,31 @@ def test_two_rank_gan_equals_one_rank_with_double_batch(showers_dir, tmp_path):
     assert lb["train_g_loss"] == pytest.approx(la["train_g_loss"], rel=1e-7)
 
 
+def test_bf16_autocast_step_stays_close_to_fp32():
+    """train.precision=bf16: the four updates run under autocast (here on the CPU), the loss
+    terms in float32, the weights stay float32 and the losses stay near fp32's."""
+    from mpilearn.data.calo import Preprocess
+
+    rng = np.random.default_rng(0)
+    raw = {"ECAL": rng.random((6, 51, 51, 25), dtype=np.float32), "energy": rng.uniform(100, 200, 6),
+           "mtheta": rng.uniform(1.0, 2.1, 6), "_index": np.arange(6)}
+    batch = Preprocess("angle")(raw)
+    losses = {}
+    for precision in ("fp32", "bf16"):
+        torch.manual_seed(0)
+        task = gan3d.build({"preset": "small", "dropout": 0.0})
+        task.setup(None, "cpu", "mpi", 1 << 20, distributed=False)
+        task.precision = precision
+        losses[precision] = task.train_step(batch)
+        assert all(p.dtype == torch.float32 for p in task.generator.parameters())
+    # D on the real batch comes before any update: only bf16 rounding separates the two
+    assert losses["bf16"]["d_real"] == pytest.approx(losses["fp32"]["d_real"], rel=0.01)
+    assert losses["bf16"]["d_real"] != losses["fp32"]["d_real"]  # autocast did something
+    # after RMSprop's first (nearly sign-sized) steps, rounding moves the rest more
+    for key in ("d_loss", "g_loss"):
+        assert losses["bf16"][key] == pytest.approx(losses["fp32"][key], rel=0.15)
+
+
 def test_gan_training_with_validation_and_validate_cli(showers_dir, tmp_path):
     out = tmp_path / "run"
     proc = gan_run(2, showers_dir, out, 4, "--set", "train.epochs=2", "--set", "train.validate_every=1",

@@ -9,6 +9,7 @@ from __future__ import annotations
 import atexit
 import collections
 import datetime
+import os
 import socket
 import time
 
@@ -24,6 +25,29 @@ def _address() -> str:
         return socket.gethostbyname(host)
     except OSError:
         return "127.0.0.1"
+
+
+def _gpu_identity(device: str) -> str:
+    """A name for this rank's physical GPU: its UUID where torch exposes it."""
+    index = torch.device(device).index
+    index = torch.cuda.current_device() if index is None else index
+    uuid = getattr(torch.cuda.get_device_properties(index), "uuid", None)
+    if uuid is not None:
+        return str(uuid)
+    return f"{socket.gethostname()}:{os.environ.get('CUDA_VISIBLE_DEVICES', '')}:{index}"
+
+
+def _refuse_shared_gpu(comm, device: str) -> None:
+    """NCCL cannot put two ranks on one GPU (it fails, or hangs, at the first collective):
+    say so at set-up, on every rank, naming the ranks."""
+    from ..comm import UsageError
+
+    ids = comm.allgather(_gpu_identity(device))
+    mine = [r for r, g in enumerate(ids) if g == ids[comm.Get_rank()]]
+    if len(mine) > 1:
+        raise UsageError(f"backend 'torch' (NCCL) cannot share a GPU between ranks, but ranks "
+                         f"{', '.join(map(str, mine))} all use {device} ({ids[mine[0]]}): run "
+                         "one rank per GPU, or use the 'mpi' backend to share GPUs")
 
 
 class TorchDistBackend:
@@ -43,6 +67,7 @@ class TorchDistBackend:
             store = dist.TCPStore(host, port, size, False, timeout=_TIMEOUT)
         self._store = store
         if device.startswith("cuda"):
+            _refuse_shared_gpu(comm, device)
             self.pg = dist.ProcessGroupNCCL(store, rank, size)
         else:
             self.pg = dist.ProcessGroupGloo(store, rank, size, _TIMEOUT)

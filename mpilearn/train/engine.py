@@ -6,6 +6,7 @@ resume -> epochs. Everything takes the communicator it is given.
 """
 from __future__ import annotations
 
+import collections
 import glob
 import itertools
 import math
@@ -18,8 +19,8 @@ import numpy as np
 import torch
 
 from .. import comm as mcomm
-from .checks import (build_task, check_hparams, check_monitor, check_output, check_run_dir,
-                     clear_run_dir, describe_missing, dry_run, remove_stale_temp)
+from .checks import (build_task, check_hparams, check_monitor, check_output, check_precision,
+                     check_run_dir, clear_run_dir, describe_missing, dry_run, remove_stale_temp)
 from ..comm import UsageError, check_on_root, fail_usage
 from ..config import dump
 from ..data.hdf5 import EventFiles, ShardedLoader, eval_batches, split_events
@@ -65,9 +66,10 @@ def _check_devices(ctx, config) -> str:
     """Every rank picks its device; any rank's problem is reported once by rank 0."""
     message, device = None, "cpu"
     per_task = mcomm.gpus_are_per_task(ctx)
+    shared = config["device"]["allow_shared_gpus"] or mcomm.shared_gpus_from_env()
     try:
-        device = mcomm.choose_device(ctx, config["device"]["type"],
-                                     config["device"]["allow_shared_gpus"], per_task=per_task)
+        device = mcomm.choose_device(ctx, config["device"]["type"], shared, per_task=per_task,
+                                     backend=config["train"]["backend"])
     except UsageError as err:
         message = f"rank {ctx.rank}: {err}"
     messages = [m for m in ctx.comm.allgather(message) if m]
@@ -115,13 +117,21 @@ class Trainer:
         torch.manual_seed(train["seed"])
         np.random.seed(train["seed"])
         if train["deterministic"]:
-            torch.use_deterministic_algorithms(True)
+            # cuBLAS is deterministic only with a fixed workspace, set before its first handle
+            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+            # warn_only: on CUDA some ops have no deterministic kernel (the 3DGAN's 3-D average
+            # pooling backward raised on an H100); they warn instead of ending the run
+            torch.use_deterministic_algorithms(True, warn_only=True)
+        # cuDNN picks the fastest convolution per input shape (the 3DGAN's shapes are fixed)
+        torch.backends.cudnn.benchmark = not train["deterministic"]
         builder = load_builder(config["model"])
         if "keras" in sys.modules:  # the model file uses Keras: its initialisers too
             import keras
 
             keras.utils.set_random_seed(train["seed"])
         self.task = build_task(builder, config["model"], config["hparams"], comm)
+        check_on_root(comm, check_precision, self.task, train["precision"])
+        self.task.precision = train["precision"]
 
         # 2. the data files, counted once by rank 0
         files = check_on_root(comm, _open_files, config, self.task)
@@ -166,6 +176,12 @@ class Trainer:
         # 4. devices, weights, optimizers
         device = _check_devices(ctx, config)
         mcomm.bind(ctx, device)
+        devices = comm.gather(device, root=0)
+        if ctx.rank == 0:
+            counts = collections.Counter(devices)
+            where = ", ".join(f"{d} x{c}" if c > 1 else d for d, c in sorted(counts.items()))
+            print(f"mpilearn: {ctx.size} rank(s) on {where}; backend {train['backend']}, "
+                  f"precision {train['precision']}", flush=True)
         self.master = None
         if self.algorithm == "allreduce":
             self.task.setup(comm, device, train["backend"], int(train["fusion_mb"] * (1 << 20)))

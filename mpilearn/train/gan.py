@@ -148,7 +148,9 @@ class GANTask(Task):
 
     # -- losses ------------------------------------------------------------------------
     def _terms(self, outputs, label, energy, angle, ecal):
-        """Per-event loss terms, (N, n_terms), unweighted."""
+        """Per-event loss terms, (N, n_terms), unweighted, in the task's dtype (bf16
+        autocast outputs are upcast: the logs and MAPEs need the precision)."""
+        outputs = [o.to(self.dtype) for o in outputs]
         p, aux = outputs[0], outputs[1]
         bce = -(label * torch.log(_clip(p)) + (1 - label) * torch.log(1 - _clip(p)))
         terms = [bce, _mape(energy, aux)]
@@ -194,22 +196,27 @@ class GANTask(Task):
             G.train(), D.train()
             # 1. discriminator on the real batch
             self.d_opt.zero_grad()
-            sums[0] = self._update(D(real), self.d_opt, torch.where(flip[:, 0], zeros, ones),
+            with self.autocast():
+                out = D(real)
+            sums[0] = self._update(out, self.d_opt, torch.where(flip[:, 0], zeros, ones),
                                    targets, scale)
             # 2. discriminator on a fake batch from G in inference mode
-            with torch.no_grad():
+            with torch.no_grad(), self.autocast():
                 G.eval()
                 fake = G(self.latent_input(noise_t[0], energy, angle))
                 G.train()
             self.d_opt.zero_grad()
-            sums[1] = self._update(D(fake), self.d_opt, torch.where(flip[:, 1], ones, zeros),
+            with self.autocast():
+                out = D(fake)
+            sums[1] = self._update(out, self.d_opt, torch.where(flip[:, 1], ones, zeros),
                                    targets, scale)
             # 3-4. generator twice through the frozen discriminator, label "real"
             D.requires_grad_(False)
             try:
                 for j in (2, 3):
                     self.g_opt.zero_grad()
-                    out = D(G(self.latent_input(noise_t[j - 1], energy, angle)))
+                    with self.autocast():
+                        out = D(G(self.latent_input(noise_t[j - 1], energy, angle)))
                     sums[j] = self._update(out, self.g_opt, ones, targets, scale)
             finally:
                 D.requires_grad_(True)

@@ -27,6 +27,7 @@ class Task:
     optional_keys: Sequence[str] = ()
     device = "cpu"
     dtype = torch.float32
+    precision = "fp32"  # "bf16": forward passes under torch.autocast (the engine sets it)
 
     def models(self) -> Dict[str, torch.nn.Module]:
         raise NotImplementedError
@@ -61,6 +62,12 @@ class Task:
             mtorch.broadcast_optimizer_state(opt, 0, comm=comm)
             mtorch.DistributedOptimizer(opt, backend=backend, comm=comm,
                                         fusion_threshold_bytes=fusion_bytes)
+
+    def autocast(self):
+        """The forward passes' precision context: bf16 autocast (weights, gradients, optimizer
+        state and the allreduce stay float32), or nothing."""
+        kind = "cuda" if str(self.device).startswith("cuda") else "cpu"
+        return torch.autocast(kind, dtype=torch.bfloat16, enabled=self.precision == "bf16")
 
     def learning_rates(self) -> Dict[str, List[float]]:
         """Each optimizer's learning rates (one per parameter group)."""
@@ -166,7 +173,9 @@ class SupervisedTask(Task):
     def train_step(self, batch):
         self.model.train()
         self.optimizer.zero_grad()
-        pred, y = self._forward(batch)
+        with self.autocast():
+            pred, y = self._forward(batch)
+        pred = pred.float() if pred.dtype == torch.bfloat16 else pred
         # every event of this rank's batch skipped (data.on_error=skip): zeros, in step
         loss = self.loss(pred, y) if len(y) else pred.sum() * 0.0
         loss.backward()

@@ -23,6 +23,8 @@ parser.add_argument("--fp16-allreduce", action="store_true", default=False)
 parser.add_argument("--use-adasum", action="store_true", default=False)
 parser.add_argument("--gradient-predivide-factor", type=float, default=1.0)
 parser.add_argument("--no-lr-scaling", action="store_true", default=False)
+parser.add_argument("--no-cuda", action="store_true", default=False,
+                    help="disables CUDA training")
 parser.add_argument("--float64", action="store_true", help="for exact comparisons in tests")
 parser.add_argument("--save", default=None, help="rank 0 saves the final state_dict here")
 
@@ -57,6 +59,8 @@ def train(epoch):
     model.train()
     train_sampler.set_epoch(epoch)
     for batch_idx, (data, target) in enumerate(train_loader):
+        if args.cuda:
+            data, target = data.cuda(), target.cuda()
         optimizer.zero_grad()
         output = model(data)
         loss = F.nll_loss(output, target)
@@ -78,6 +82,8 @@ def test():
     test_loss = 0.
     test_accuracy = 0.
     for data, target in test_loader:
+        if args.cuda:
+            data, target = data.cuda(), target.cuda()
         output = model(data)
         test_loss += F.nll_loss(output, target, reduction="sum").item()
         pred = output.data.max(1, keepdim=True)[1]
@@ -95,8 +101,14 @@ if __name__ == "__main__":
     args = parser.parse_args()
     if args.float64:
         torch.set_default_dtype(torch.float64)
+    args.cuda = not args.no_cuda and torch.cuda.is_available()
     hvd.init()
     torch.manual_seed(args.seed)
+    if args.cuda:
+        # Horovod's script: set_device(hvd.local_rank()); modulo, so that a one-GPU test
+        # machine can run two ranks (the staged mpi backend shares the GPU)
+        torch.cuda.set_device(hvd.local_rank() % torch.cuda.device_count())
+        torch.cuda.manual_seed(args.seed)
     torch.set_num_threads(1)
 
     train_dataset = synthetic_mnist(1024, 0)
@@ -111,6 +123,8 @@ if __name__ == "__main__":
                                               sampler=test_sampler)
 
     model = Net()
+    if args.cuda:
+        model.cuda()
     lr_scaler = 1 if (args.use_adasum or args.no_lr_scaling) else hvd.size()
     optimizer = optim.SGD(model.parameters(), lr=args.lr * lr_scaler, momentum=args.momentum)
 
@@ -127,5 +141,5 @@ if __name__ == "__main__":
         train(epoch)
         loss, accuracy = test()
     if args.save and hvd.rank() == 0:
-        torch.save(model.state_dict(), args.save)
+        torch.save({k: v.cpu() for k, v in model.state_dict().items()}, args.save)
         print(f"final accuracy {accuracy:.4f} loss {loss:.4f}")

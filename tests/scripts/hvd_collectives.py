@@ -1,6 +1,8 @@
 """Every collective of mpilearn.torch against a numpy reference, on every rank, for every
 dtype and op (run under mpirun with 2, 3 or 4 ranks). Each rank builds every rank's input
-from a seed, so it knows the expected result without communicating. Prints "ok NAME"."""
+from a seed, so it knows the expected result without communicating. Prints "ok NAME".
+MPILEARN_TEST_DEVICE=cuda puts the inputs on the GPU."""
+import os
 import sys
 
 import numpy as np
@@ -10,6 +12,8 @@ import mpilearn.torch as hvd
 
 hvd.init()
 R, N = hvd.rank(), hvd.size()
+DEVICE = os.environ.get("MPILEARN_TEST_DEVICE", "cpu")
+torch.set_default_device(DEVICE)  # every tensor below, not only data()'s
 INTS = [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64]
 FLOATS = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
 OPS = {hvd.Sum: np.sum, hvd.Average: None, hvd.Min: np.min, hvd.Max: np.max,
@@ -20,12 +24,13 @@ def data(rank, dtype, shape, seed=0):
     """Rank ``rank``'s input: small values so that sums and products stay exact."""
     g = torch.Generator().manual_seed(1000 * seed + rank)
     if dtype == torch.bool:
-        return torch.randint(0, 2, shape, generator=g).bool()
+        return torch.randint(0, 2, shape, generator=g, device="cpu").bool().to(DEVICE)
     lo = 0 if dtype == torch.uint8 else -3
-    return torch.randint(lo, 4, shape, generator=g).to(dtype)
+    return torch.randint(lo, 4, shape, generator=g, device="cpu").to(dtype).to(DEVICE)
 
 
 def as_np(t):
+    t = t.cpu()
     return t.to(torch.float64).numpy() if t.dtype in (torch.bfloat16, torch.float16) else t.numpy()
 
 
@@ -76,9 +81,9 @@ def test_allreduce():
             close(z, expect_reduce(dtype, shape, op), dtype, f"allreduce_ op={op}")
     # bool: Sum/Max are logical or, Min/Product logical and
     b = data(R, torch.bool, (7,))
-    allb = np.stack([data(r, torch.bool, (7,)).numpy() for r in range(N)])
-    assert np.array_equal(hvd.allreduce(b, op=hvd.Max).numpy(), allb.any(0))
-    assert np.array_equal(hvd.allreduce(b, op=hvd.Min).numpy(), allb.all(0))
+    allb = np.stack([data(r, torch.bool, (7,)).cpu().numpy() for r in range(N)])
+    assert np.array_equal(hvd.allreduce(b, op=hvd.Max).cpu().numpy(), allb.any(0))
+    assert np.array_equal(hvd.allreduce(b, op=hvd.Min).cpu().numpy(), allb.all(0))
     ok("allreduce")
 
 

@@ -44,10 +44,12 @@ else:
         else:
             import torch
 
-            loss = mse(torch.as_tensor(yb), model(xb, training=True))
+            loss = mse(keras.ops.convert_to_tensor(yb), model(xb, training=True))
             model.zero_grad()
             loss.backward()
             with torch.no_grad():
                 opt.apply([v.value.grad for v in model.trainable_weights], model.trainable_weights)
 if r == 0:
+    if keras.backend.backend() == "torch":  # the torch backend puts variables on the GPU
+        print(f"variables on {model.weights[0].value.device}", flush=True)
     np.savez(out, *[np.asarray(keras.ops.convert_to_numpy(w)) for w in model.weights])
