@@ -182,6 +182,60 @@ def test_two_rank_gan_equals_one_rank_with_double_batch(showers_dir, tmp_path):
     assert lb["train_g_loss"] == pytest.approx(la["train_g_loss"], rel=1e-7)
 
 
+def test_reference_ecal_fit_and_the_fake_batch_conditions():
+    """3dgan.md §2a: the 25x25x25 model's fake batches sample E' ~ U(10, 500) GeV, fresh for
+    D's fake batch and each G update, with Σ from GetEcalFit; the angle model reuses the real
+    batch's E, θ and Σ."""
+    from mpilearn.data.calo import ecal_fit
+
+    for e_gev, fraction in ((10, 0.0218), (100, 0.0202), (200, 0.0193), (500, 0.0181)):
+        assert ecal_fit(e_gev / 100) / 100 / e_gev == pytest.approx(fraction, abs=5e-5)
+    fixed = gan3d.build({"variant": "fixed"})
+    _, _, sampled = fixed._draws(np.arange(400), 3)
+    assert sampled.shape == (3, 400) and sampled.min() >= 0.1 and sampled.max() <= 5.0
+    assert abs(np.corrcoef(sampled[0], sampled[1])[0, 1]) < 0.2  # fresh per set
+    real = (np.full(4, 1.5), None, np.full(4, 300.0))
+    e, a, s = fixed.fake_conditions(1, *real, sampled[:, :4])
+    assert np.array_equal(e, sampled[1, :4]) and a is None
+    np.testing.assert_allclose(s, ecal_fit(sampled[1, :4]))
+    angle = gan3d.build({"preset": "small"})
+    real = (np.full(4, 1.5), np.full(4, 1.6), np.full(4, 300.0))
+    assert all(x is y for x, y in zip(angle.fake_conditions(2, *real, sampled[:, :4]), real))
+
+
+def test_fixed_model_trains_its_fake_batches_on_sampled_energies():
+    from mpilearn.data.calo import Preprocess
+
+    rng = np.random.default_rng(0)
+    task = gan3d.build({"variant": "fixed", "dropout": 0.0})
+    task.setup(None, "cpu", "mpi", 1 << 20, distributed=False)
+    seen, latent_input = [], task.latent_input
+    task.latent_input = lambda noise, e, a: (seen.append(e.clone()), latent_input(noise, e, a))[1]
+    batch = Preprocess("fixed")({"ECAL": rng.random((3, 25, 25, 25)) * 0.01,
+                                 "energy": np.full(3, 150.0), "_index": np.arange(3)})
+    task.train_step(batch)
+    _, _, sampled = task._draws(batch["_index"], 0)
+    assert len(seen) == 3  # D's fake batch and the two G updates
+    for k, e in enumerate(seen):
+        np.testing.assert_allclose(e.numpy(), sampled[k], rtol=1e-6)
+
+
+def test_measured_angle_counts_faint_layers_as_the_reference_does():
+    """Only an exact 0 is empty (measPython); an empty event measures 100."""
+    from mpilearn.data.calo import EMPTY_ANGLE, measured_angle
+
+    img = torch.zeros(3, 51, 51, 25, dtype=torch.float64)
+    for z in range(5, 20):          # a tilted track
+        img[1:, 25, 20 + z // 2, z] = 1.0
+    img[2, 25, 45, 22] = 1e-6      # one faint layer far off the track
+    angle = measured_angle(img)
+    assert angle[0] == EMPTY_ANGLE
+    assert angle[1] != EMPTY_ANGLE and angle[2] != angle[1]  # the faint layer counts
+    faint_only = torch.zeros(1, 51, 51, 25, dtype=torch.float64)
+    faint_only[0, 25, 25, 3] = 1e-8
+    assert measured_angle(faint_only)[0] != EMPTY_ANGLE
+
+
 def test_bf16_autocast_step_stays_close_to_fp32():
     """train.precision=bf16: the four updates run under autocast (here on the CPU), the loss
     terms in float32, the weights stay float32 and the losses stay near fp32's."""

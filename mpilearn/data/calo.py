@@ -25,9 +25,22 @@ GEOMETRY = {
               "threshold": 1e-6, "min_sum": 0.0},
 }
 EMPTY_ANGLE = 100.0  # what the measured angle is for an event with no energy
+# as the reference (measPython / ecal_angle): only a layer or event with exactly no energy is
+# empty. Both twins read these constants.
+MIN_LAYER_ENERGY = 0.0
+POWER = GEOMETRY["angle"]["power"]
+# the 25x25x25 model's fake batches: E'/100 ~ U(0.1, 5), i.e. E' ~ U(10, 500) GeV (§2a)
+SAMPLED_ENERGY = (0.1, 5.0)
 
 
-MIN_LAYER_ENERGY = 1e-4  # raw units: lighter layers count as empty (keeps gradients finite)
+def ecal_fit(energy_label):
+    """The reference's GetEcalFit (mod 1) for the 25x25x25 model: the expected cell sum, in
+    the model's scaled units, for E/100 = ``energy_label`` (numpy or torch): p(x)·x·xscale,
+    p(x) = 0.0018x⁴ − 0.023x³ + 0.11x² − 0.28x + 2.21 (a sampling fraction of 2.18 % at
+    10 GeV, 2.02 % at 100 GeV, 1.81 % at 500 GeV)."""
+    x = energy_label
+    p = (((0.0018 * x - 0.023) * x + 0.11) * x - 0.28) * x + 2.21
+    return p * x * GEOMETRY["fixed"]["xscale"]
 
 
 def measured_angle(images: torch.Tensor, min_energy: float = MIN_LAYER_ENERGY) -> torch.Tensor:
@@ -35,9 +48,9 @@ def measured_angle(images: torch.Tensor, min_energy: float = MIN_LAYER_ENERGY) -
 
     Index units with cell centres at i+0.5; per layer, the slope of the layer barycentre's y
     offset from the global barycentre; π/2 - atan(slope), averaged over non-empty layers with
-    weight (z+0.5). Differentiable, so the discriminator can use it as a fixed output; layers
-    (and events) with less than ``min_energy`` count as empty, since a barycentre divided by a
-    vanishing energy has an unbounded gradient.
+    weight (z+0.5). Differentiable, so the discriminator can use it as a fixed output. Layers
+    (and events) with no more than ``min_energy`` count as empty: by default only an exact 0,
+    as in the reference (a barycentre of a faint layer is a fine value; its gradient is large).
     """
     n, nx, ny, nz = images.shape
     dev, dt = images.device, images.dtype

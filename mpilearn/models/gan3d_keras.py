@@ -18,9 +18,7 @@ from mpilearn.train.gan import build_networks
 DEFAULTS = {"variant": "angle", "preset": "full", "dropout": 0.2, "batch_norm": True,
             "lr": 1e-3, "loss_weights": None, "label_flip": 0.05, "angle_key": "mtheta",
             "seed": 0}
-POWER = 0.85
-MIN_LAYER_ENERGY = 1e-4
-EMPTY_ANGLE = 0.0
+from mpilearn.data.calo import EMPTY_ANGLE, MIN_LAYER_ENERGY, POWER  # noqa: E402  (both twins)
 
 
 def measured_angle(images):
@@ -181,15 +179,34 @@ def trainable_count(model) -> int:
     return int(sum(np.prod(w.shape) for w in model.trainable_weights))
 
 
+@keras.saving.register_keras_serializable(package="mpilearn")
+class ReferenceRMSprop(keras.optimizers.RMSprop):
+    """RMSprop as the reference (Keras 2) and torch compute it: eps outside the square root,
+    w -= lr·g / (√v + eps). Keras 3 puts it inside (√(v + eps)), which for the reference's
+    eps = 1e-7 changes every update whose gradients are small."""
+
+    def update_step(self, gradient, variable, learning_rate):
+        if self.momentum > 0 or self.centered:  # the reference uses neither
+            return super().update_step(gradient, variable, learning_rate)
+        lr = ops.cast(learning_rate, variable.dtype)
+        gradient = ops.cast(gradient, variable.dtype)
+        velocity = self._velocities[self._get_variable_index(variable)]
+        self.assign(velocity, ops.add(ops.multiply(self.rho, velocity),
+                                      ops.multiply(1 - self.rho, ops.square(gradient))))
+        self.assign_sub(variable, ops.divide(ops.multiply(lr, gradient),
+                                             ops.add(ops.sqrt(velocity), self.epsilon)))
+
+
 def build(hparams):
-    """The engine's entry point: a KerasGANTask (RMSprop lr 1e-3, rho 0.9, eps 1e-7)."""
+    """The engine's entry point: a KerasGANTask (the reference RMSprop: lr 1e-3, rho 0.9,
+    eps 1e-7 outside the square root)."""
     from mpilearn.train.keras_tasks import KerasGANTask
 
     hp = {**DEFAULTS, **hparams}
     generator, discriminator = networks(hp)
 
     def rmsprop():
-        return keras.optimizers.RMSprop(hp["lr"], rho=0.9, epsilon=1e-7)
+        return ReferenceRMSprop(hp["lr"], rho=0.9, epsilon=1e-7)
 
     return KerasGANTask(generator, discriminator, rmsprop(), rmsprop(), variant=hp["variant"],
                         loss_weights=hp["loss_weights"], label_flip=hp["label_flip"],

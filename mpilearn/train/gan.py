@@ -21,7 +21,7 @@ from typing import Dict, Optional, Sequence
 import numpy as np
 import torch
 
-from ..data.calo import GEOMETRY, Preprocess
+from ..data.calo import GEOMETRY, SAMPLED_ENERGY, Preprocess, ecal_fit
 from .tasks import Task, TrainingStopped, guarded_step
 
 DEFAULT_WEIGHTS = {"angle": [3.0, 0.1, 25.0, 0.1], "fixed": [2.0, 0.1, 0.1]}
@@ -128,18 +128,30 @@ class GANTask(Task):
 
     # -- per-sample randomness ---------------------------------------------------------
     def _draws(self, index: np.ndarray, step: int, purpose: int = 0):
-        """Label-flip uniforms (2) and latent noise (3 sets) for each global event.
+        """Label-flip uniforms (2), latent noise (3 sets) and sampled energy labels E'/100
+        (3 sets, used by the 25x25x25 model's fake batches) for each global event.
 
         Keyed by (seed, purpose, step, event): 0 = training, 1 = generation/evaluation.
         """
         flips = np.empty((len(index), 2), np.float32)
         noise = np.empty((3, len(index), self.latent - (2 if self.variant == "angle" else 0)),
                          np.float32)
+        sampled = np.empty((3, len(index)), np.float32)
         for j, i in enumerate(index):
             rng = np.random.default_rng([self.seed, purpose, step, int(i)])
             flips[j] = rng.random(2)
             noise[:, j] = rng.standard_normal(noise.shape[::2])
-        return flips, noise
+            sampled[:, j] = rng.uniform(*SAMPLED_ENERGY, 3)  # drawn last: streams unchanged
+        return flips, noise, sampled
+
+    def fake_conditions(self, k: int, energy, angle, ecal, sampled):
+        """(E/100, θ, Σ) of fake set ``k`` (0: D's fake batch, 1-2: the two G updates), the
+        generator's conditioning and the auxiliary targets alike (reference 3dgan.md §2a/§2c).
+        The angle model reuses the real batch's; the 25x25x25 model samples E' ~ U(10, 500)
+        GeV per event and set, and takes Σ from the reference's fit."""
+        if self.variant == "angle":
+            return energy, angle, ecal
+        return sampled[k], None, ecal_fit(sampled[k])
 
     def latent_input(self, noise, energy, angle):
         if self.variant == "angle":
@@ -172,13 +184,13 @@ class GANTask(Task):
         n_local = len(batch["energy"])
         size = self.comm.Get_size() if self.comm is not None else 1
         n_global = self.comm.allreduce(n_local) if size > 1 else n_local
-        flips, noise = self._draws(batch["_index"], self.steps)
+        flips, noise, sampled = self._draws(batch["_index"], self.steps)
         self.steps += 1
-        return n_local, n_global, size / max(n_global, 1), flips, noise
+        return n_local, n_global, size / max(n_global, 1), flips, noise, sampled
 
     def train_step(self, batch) -> Dict[str, float]:
         G, D = self.generator, self.discriminator
-        n_local, n_global, scale, flips, noise = self._begin_step(batch)
+        n_local, n_global, scale, flips, noise, sampled = self._begin_step(batch)
         k = len(TERMS[self.variant])
         sums = torch.zeros(4, k, device=self.device)
         if n_local == 0:  # all events filtered here: take part in the allreduces with zeros
@@ -192,7 +204,7 @@ class GANTask(Task):
             targets = (energy, angle, ecal)
             flip = self.tensor(flips) < self.label_flip
             ones, zeros = torch.ones(n_local, device=self.device), torch.zeros(n_local, device=self.device)
-            noise_t = self.tensor(noise)
+            noise_t, sampled_t = self.tensor(noise), self.tensor(sampled)
             G.train(), D.train()
             # 1. discriminator on the real batch
             self.d_opt.zero_grad()
@@ -201,23 +213,25 @@ class GANTask(Task):
             sums[0] = self._update(out, self.d_opt, torch.where(flip[:, 0], zeros, ones),
                                    targets, scale)
             # 2. discriminator on a fake batch from G in inference mode
+            fake_targets = self.fake_conditions(0, *targets, sampled_t)
             with torch.no_grad(), self.autocast():
                 G.eval()
-                fake = G(self.latent_input(noise_t[0], energy, angle))
+                fake = G(self.latent_input(noise_t[0], *fake_targets[:2]))
                 G.train()
             self.d_opt.zero_grad()
             with self.autocast():
                 out = D(fake)
             sums[1] = self._update(out, self.d_opt, torch.where(flip[:, 1], ones, zeros),
-                                   targets, scale)
+                                   fake_targets, scale)
             # 3-4. generator twice through the frozen discriminator, label "real"
             D.requires_grad_(False)
             try:
                 for j in (2, 3):
                     self.g_opt.zero_grad()
+                    g_targets = self.fake_conditions(j - 1, *targets, sampled_t)
                     with self.autocast():
-                        out = D(G(self.latent_input(noise_t[j - 1], energy, angle)))
-                    sums[j] = self._update(out, self.g_opt, ones, targets, scale)
+                        out = D(G(self.latent_input(noise_t[j - 1], *g_targets[:2])))
+                    sums[j] = self._update(out, self.g_opt, ones, g_targets, scale)
             finally:
                 D.requires_grad_(True)
         return self._report(sums, n_global)
@@ -250,7 +264,7 @@ class GANTask(Task):
                  index: np.ndarray) -> np.ndarray:
         """Preprocessed-space showers for (E/100, θ); noise keyed by the event index."""
         self.generator.eval()
-        _, noise = self._draws(index, 0, purpose=1)
+        _, noise, _ = self._draws(index, 0, purpose=1)
         e = self.tensor(energy_label)
         a = self.tensor(angle) if angle is not None else None
         out = self.generator(self.latent_input(self.tensor(noise[0]), e, a))

@@ -219,7 +219,7 @@ class KerasGANTask(KerasTask, GANTask):
         import torch
 
         G, D = self.generator, self.discriminator
-        n_local, n_global, scale, flips, noise = self._begin_step(batch)
+        n_local, n_global, scale, flips, noise, sampled = self._begin_step(batch)
         sums = np.zeros((4, len(self.kweights)))
         if n_local == 0:  # all events filtered here: take part in the allreduces with zeros
             for model, opt in ((D, self.d_opt), (D, self.d_opt), (G, self.g_opt), (G, self.g_opt)):
@@ -236,18 +236,20 @@ class KerasGANTask(KerasTask, GANTask):
         # 1. D on the real batch; 2. D on a fake batch from G in inference mode
         sums[0] = self._update(D, self.d_opt, lambda: D(real, training=True),
                                np.where(flip[:, 0], zeros, ones), targets, scale)
-        fake = G(self.latent_input(noise[0], energy, angle), training=False)
+        fake_targets = self.fake_conditions(0, *targets, sampled)
+        fake = G(self.latent_input(noise[0], *fake_targets[:2]), training=False)
         sums[1] = self._update(D, self.d_opt, lambda: D(fake, training=True),
-                               np.where(flip[:, 1], ones, zeros), targets, scale)
+                               np.where(flip[:, 1], ones, zeros), fake_targets, scale)
         # 3-4. G twice through D (only G's variables are updated), label "real"
         for j in (2, 3):
-            z = self.latent_input(noise[j - 1], energy, angle)
+            g_targets = self.fake_conditions(j - 1, *targets, sampled)
+            z = self.latent_input(noise[j - 1], *g_targets[:2])
             sums[j] = self._update(G, self.g_opt, lambda: D(G(z, training=True), training=True),
-                                   ones, targets, scale)
+                                   ones, g_targets, scale)
         return self._report(torch.from_numpy(sums), n_global)
 
     def generate(self, energy_label, angle, index):
-        _, noise = self._draws(index, 0, purpose=1)
+        _, noise, _ = self._draws(index, 0, purpose=1)
         e = np.asarray(energy_label, dtype="float32")
         a = np.asarray(angle, dtype="float32") if angle is not None else None
         out = self.generator(self.latent_input(noise[0], e, a), training=False)

@@ -17,7 +17,7 @@ import gan3d  # noqa: E402
 import gan3d_keras as gk  # noqa: E402
 
 out = {}
-for variant, preset in (("angle", "full"), ("fixed", "full"), ("angle", "small")):
+for variant, preset in (("angle", "full"), ("fixed", "full"), ("angle", "small")):  # noqa
     torch.manual_seed(1)
     tg, td = gan3d.networks({"variant": variant, "preset": preset})
     kg, kd = gk.networks({"variant": variant, "preset": preset})
@@ -44,5 +44,50 @@ for variant, preset in (("angle", "full"), ("fixed", "full"), ("angle", "small")
         "keras_trainable": [gk.trainable_count(kg), gk.trainable_count(kd)],
         "torch_trainable": [sum(p.numel() for p in m.parameters()) for m in (tg, td)],
         "g_rel_err": rel(g_torch, g_keras), "d_rel_err": [rel(a, b) for a, b in zip(d_torch, d_keras)]}
+
+# the twins' discriminators on the showers the empty-image guard exists for: empty, faint, normal
+torch.manual_seed(2)
+_, td = gan3d.networks({"variant": "angle", "preset": "small"})
+_, kd = gk.networks({"variant": "angle", "preset": "small"})
+gk.from_torch(td, kd)
+td.eval()
+rng = np.random.default_rng(1)
+faint = np.zeros((2, 1, 51, 51, 25), "float32")
+faint[:, 0, 25, 25, 4:20] = 1e-4                     # powered units: raw ≈ 2e-5 per cell
+faint[1, 0, 40, 30, 22] = 1e-6
+normal = np.zeros((2, 1, 51, 51, 25), "float32")
+normal[:, 0, 20:31, 20:31, 2:22] = rng.random((2, 11, 11, 20)).astype("float32")
+for name, x in (("empty", np.zeros((2, 1, 51, 51, 25), "float32")), ("faint", faint),
+                ("normal", normal)):
+    with torch.no_grad():
+        d_torch = [o.numpy() for o in td(torch.from_numpy(x))]
+    d_keras = [np.asarray(gk.keras.ops.convert_to_numpy(o))
+               for o in kd(x.transpose(0, 2, 3, 4, 1), training=False)]
+    out[f"d_on_{name}"] = {"max_abs_err": [float(np.max(np.abs(a - b))) for a, b in zip(d_torch, d_keras)],
+                           "torch_angle": d_torch[2].tolist(), "keras_angle": d_keras[2].tolist()}
+
+# the twins' optimizers: 5 updates on the same small gradients (eps matters at this scale)
+w0 = rng.normal(size=(4, 3)).astype("float32")
+grads = [(rng.normal(size=(4, 3)) * 1e-4).astype("float32") for _ in range(5)]
+tw = torch.nn.Parameter(torch.from_numpy(w0.copy()))
+topt = torch.optim.RMSprop([tw], lr=1e-3, alpha=0.9, eps=1e-7)
+result = {}
+for name, kopt in (("reference", gk.ReferenceRMSprop(1e-3, rho=0.9, epsilon=1e-7)),
+                   ("keras3", gk.keras.optimizers.RMSprop(1e-3, rho=0.9, epsilon=1e-7))):
+    kv = gk.keras.Variable(w0.copy())
+    kopt.build([kv])
+    steps = []
+    for g in grads:
+        kopt.apply([gk.keras.ops.convert_to_tensor(g)], [kv])
+        steps.append(np.asarray(gk.keras.ops.convert_to_numpy(kv)))
+    result[name] = steps
+for g in grads:
+    tw.grad = torch.from_numpy(g)
+    topt.step()
+    result.setdefault("torch", []).append(tw.detach().numpy().copy())
+moved = [float(np.max(np.abs(t - w0))) for t in result["torch"]]
+for name in ("reference", "keras3"):
+    out[f"rmsprop_{name}_max_err"] = [float(np.max(np.abs(k - t)) / m)
+                                      for k, t, m in zip(result[name], result["torch"], moved)]
 with open(sys.argv[1], "w") as f:
     json.dump(out, f, indent=1)
