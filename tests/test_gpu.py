@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import TESTS, kill9_after_mid_epoch_checkpoint, mpirun, train_args
+from conftest import REPO, TESTS, kill9_after_mid_epoch_checkpoint, mpirun, train_args
 from mpilearn.train import checkpoint as ckpt
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(
@@ -54,7 +54,7 @@ def test_nccl_refuses_two_ranks_on_one_gpu(tmp_path, toy_file):
     api = mpirun(2, [EQUIV, "torch", "sgd", "4", "2", str(tmp_path / "x.npz"), "cuda"], timeout=120)
     assert api.returncode != 0
     assert "cannot share a GPU between ranks, but ranks 0, 1 all use cuda:0" in api.stderr
-    cli = mpirun(2, train_args("--set", f"model={TESTS}/../models/mlp.py",
+    cli = mpirun(2, train_args("--set", f"model={REPO}/models/mlp.py",
                                "--set", f"data.files=[{toy_file}]", "--set", "train.backend=torch",
                                "--set", "device.type=cuda", "--set", "device.allow_shared_gpus=true",
                                "--output", str(tmp_path / "run")), timeout=120)
@@ -96,7 +96,7 @@ def test_ported_horovod_mnist_runs_on_cuda(tmp_path):
 def _gan(np_, folder, out, batch, *sets):
     extra = [x for s in sets for x in ("--set", s)]
     return mpirun(np_, train_args(
-        "--set", f"model={TESTS}/../models/gan3d.py", "--set", f"data.files=[{folder}/*.h5]",
+        "--set", f"model={REPO}/models/gan3d.py", "--set", f"data.files=[{folder}/*.h5]",
         "--set", "data.val_fraction=0.2", "--set", "hparams.preset=small",
         "--set", f"train.batch_size={batch}", "--set", "train.max_steps_per_epoch=3",
         "--set", "device.type=cuda", *extra, "--output", str(out)), timeout=600, env=SHARED)

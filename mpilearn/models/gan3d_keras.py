@@ -13,12 +13,12 @@ import keras
 import numpy as np
 from keras import layers, ops
 
+from mpilearn.data.calo import EMPTY_ANGLE, MIN_LAYER_ENERGY, POWER  # shared by both twins
 from mpilearn.train.gan import build_networks
 
 DEFAULTS = {"variant": "angle", "preset": "full", "dropout": 0.2, "batch_norm": True,
             "lr": 1e-3, "loss_weights": None, "label_flip": 0.05, "angle_key": "mtheta",
             "seed": 0}
-from mpilearn.data.calo import EMPTY_ANGLE, MIN_LAYER_ENERGY, POWER  # noqa: E402  (both twins)
 
 
 def measured_angle(images):

@@ -203,8 +203,7 @@ def describe_missing(pattern: str) -> Optional[str]:
 
 def check_precision(task, precision: str) -> None:
     """bf16 autocast is applied by the PyTorch tasks; Keras has its own policy."""
-    keras_task = "keras_tasks" in type(task).__module__  # no Keras import for torch tasks
-    if precision == "bf16" and keras_task:
+    if precision == "bf16" and not getattr(task, "supports_autocast", True):
         raise UsageError("train.precision=bf16 is for PyTorch models; for a Keras model call "
                          "keras.mixed_precision.set_global_policy('mixed_bfloat16') in its "
                          "model file and keep train.precision=fp32")

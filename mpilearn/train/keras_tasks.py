@@ -35,6 +35,7 @@ class KerasTask(Task):
     """The engine's Task interface for Keras models and optimizers."""
 
     framework = "keras"
+    supports_autocast = False  # Keras: keras.mixed_precision in the model file
 
     def setup(self, comm, device: str, backend: str, fusion_bytes: int,
               distributed: bool = True) -> None:

@@ -28,6 +28,7 @@ class Task:
     device = "cpu"
     dtype = torch.float32
     precision = "fp32"  # "bf16": forward passes under torch.autocast (the engine sets it)
+    supports_autocast = True  # False where the framework has its own policy (Keras)
 
     def models(self) -> Dict[str, torch.nn.Module]:
         raise NotImplementedError
