@@ -11,6 +11,9 @@ rank 0, which scores and plots. The score follows §4d's training metric, lower 
                (the reference divides cell by cell, which lets near-empty edge cells dominate;
                this content-weighted form keeps two MC samples near 0)
     angle    = mean over events of |θ_MC,meas - θ_GAN,meas| / θ_MC,meas   (angle model only)
+
+Beside it, ``mpilearn.physics_reference`` computes the reference analysis's own metric and
+sampling-fraction MRE on the reference's event selection, exactly as its code does.
 """
 from __future__ import annotations
 
@@ -21,14 +24,19 @@ from typing import Dict, Optional
 import numpy as np
 
 from .data.calo import measured_angle_np
+from .physics_reference import index_moments, reference_metric, sampling_fraction_mre
 
-HIT_THRESHOLD = 2e-4             # GeV
+HIT_THRESHOLD = 3e-4             # GeV, as the reference's hit plots
 SPECTRUM_BINS = np.logspace(-12, 1, 101)   # GeV
+SPARSITY_EXPONENTS = np.arange(-13, 1)     # fraction of cells above 10^k GeV
 ENERGY_BINS = 4
 
 
-def features(images_gev: np.ndarray, energy_gev: np.ndarray) -> Dict[str, np.ndarray]:
-    """Per-event observables of (N, X, Y, Z) cell energies in GeV."""
+def features(images_gev: np.ndarray, energy_gev: np.ndarray, condition_angle=None,
+             index=None, discriminator=None) -> Dict[str, np.ndarray]:
+    """Per-event observables of (N, X, Y, Z) cell energies in GeV; ``condition_angle`` is the
+    angle the shower was made for, ``index`` its event number (the reference's bin "0" takes
+    the first events in file order), ``discriminator`` per-event D outputs to carry along."""
     img = np.asarray(images_gev, dtype=np.float64)
     n = len(img)
     total = img.reshape(n, -1).sum(1)
@@ -41,8 +49,10 @@ def features(images_gev: np.ndarray, energy_gev: np.ndarray) -> Dict[str, np.nda
         m2 = (prof * (pos[None, :] - m1[:, None]) ** 2).sum(1) / safe
         moments[:, a] = np.stack([m1, m2], 1)
     nz = img.shape[3]
-    thirds = np.array_split(np.arange(nz), 3)
-    return {
+    third = nz // 3  # 8/8/9 layers for 25, as the reference
+    thirds = [np.arange(0, third), np.arange(third, 2 * third), np.arange(2 * third, nz)]
+    flat = img.reshape(n, -1)
+    out = {
         "energy": np.asarray(energy_gev, dtype=np.float64),
         "sum": total,
         "sampling_fraction": total / np.asarray(energy_gev, dtype=np.float64),
@@ -52,15 +62,29 @@ def features(images_gev: np.ndarray, energy_gev: np.ndarray) -> Dict[str, np.nda
         "hits": (img > HIT_THRESHOLD).reshape(n, -1).sum(1),
         "long_ratio": np.stack([profiles[2][:, t].sum(1) for t in thirds], 1) / safe[:, None],
         "angle": measured_angle_np(img),
-        "spectrum": np.stack([np.histogram(e[e > 0], SPECTRUM_BINS)[0] for e in img.reshape(n, -1)]),
+        "spectrum": np.stack([np.histogram(e[e > 0], SPECTRUM_BINS)[0] for e in flat])
+        if n else np.zeros((0, len(SPECTRUM_BINS) - 1), np.int64),
+        "index_moments": index_moments(profiles, 3),
+        "max_position_3d": np.stack(np.unravel_index(flat.argmax(1), img.shape[1:]), 1)
+        if n else np.zeros((0, 3), np.int64),
+        "sparsity": np.stack([(flat > 10.0 ** k).mean(1) for k in SPARSITY_EXPONENTS], 1),
+        "index": np.arange(n) if index is None else np.asarray(index),
     }
+    if condition_angle is not None:
+        out["condition_angle"] = np.asarray(condition_angle, dtype=np.float64).reshape(-1)
+    for name, values in (discriminator or {}).items():
+        out[f"d_{name}"] = np.asarray(values, dtype=np.float64).reshape(n, -1)[:, 0]
+    return out
 
 
 def concat(parts) -> Dict[str, np.ndarray]:
+    """One sample from per-chunk (or per-rank) parts, in event order."""
     parts = [p for p in parts if p and len(p["energy"])]
     if not parts:
         return {}
-    return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+    out = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+    order = np.argsort(out["index"], kind="stable")
+    return {k: v[order] for k, v in out.items()}
 
 
 def energy_bins(energy: np.ndarray, n_bins: int = ENERGY_BINS, min_events: int = 10):
@@ -92,101 +116,63 @@ def score(mc: Dict[str, np.ndarray], gan: Dict[str, np.ndarray], with_angle: boo
     out["score"] = float(sum(out.values()))
     sf_mc, sf_gan = mc["sampling_fraction"].mean(), gan["sampling_fraction"].mean()
     out["sampling_fraction_mc"], out["sampling_fraction_gan"] = float(sf_mc), float(sf_gan)
-    out["sampling_fraction_mre"] = float(abs(sf_mc - sf_gan) / sf_mc)
+    out.update(reference_metric(mc, gan, with_angle))
+    out.update(sampling_fraction_mre(mc, gan))
     out["events"] = int(len(mc["energy"]))
     return out
 
 
-def plot(mc: Dict[str, np.ndarray], gan: Dict[str, np.ndarray], folder: str,
-         label: str = "GAN") -> list:
-    """PNG plots of generated vs MC: profiles, sampling fraction, spectra; returns paths."""
-    import matplotlib
+def _rows(batch: dict, index: np.ndarray) -> dict:
+    """The events of a preprocessed batch whose ``_index`` is in ``index``."""
+    keep = np.isin(batch["_index"], index)
+    return {k: np.asarray(v)[keep] for k, v in batch.items()}
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    os.makedirs(folder, exist_ok=True)
-    paths = []
-    fig, axes = plt.subplots(2, 3, figsize=(14, 8))
-    for col, axis in enumerate("xyz"):
-        for row, log in enumerate((False, True)):
-            ax = axes[row, col]
-            for data, name, style in ((mc, "MC", "-"), (gan, label, "--")):
-                prof = data[f"profile_{axis}"].mean(0)
-                ax.plot(np.arange(len(prof)), prof, style, label=name)
-            ax.set_xlabel(f"{axis} cell" if axis != "z" else "layer")
-            ax.set_ylabel("mean energy (GeV)")
-            if log:
-                ax.set_yscale("log")
-            ax.legend()
-    fig.suptitle("shower shapes")
-    fig.tight_layout()
-    paths.append(os.path.join(folder, "profiles.png"))
-    fig.savefig(paths[-1], dpi=80)
-    plt.close(fig)
+def _cells_gev(task, raw: dict, index: np.ndarray) -> np.ndarray:
+    """Raw file events ``index`` as thresholded cell energies in GeV."""
+    from .data.calo import GEOMETRY
 
-    fig, ax = plt.subplots(figsize=(7, 5))
-    for data, name, marker in ((mc, "MC", "o"), (gan, label, "x")):
-        ax.scatter(data["energy"], data["sampling_fraction"], s=6, marker=marker, label=name, alpha=0.6)
-        edges = np.linspace(mc["energy"].min(), mc["energy"].max() + 1e-9, 11)
-        idx = np.digitize(data["energy"], edges) - 1
-        means = [data["sampling_fraction"][idx == i].mean() if (idx == i).any() else np.nan
-                 for i in range(10)]
-        ax.plot(0.5 * (edges[1:] + edges[:-1]), means, "-" if name == "MC" else "--", lw=2)
-    ax.set_xlabel("primary energy (GeV)")
-    ax.set_ylabel("sampling fraction")
-    ax.set_ylim(0.0, 0.04)
-    ax.legend()
-    fig.tight_layout()
-    paths.append(os.path.join(folder, "sampling_fraction.png"))
-    fig.savefig(paths[-1], dpi=80)
-    plt.close(fig)
+    unit = GEOMETRY[task.variant]["unit"]
+    cells = np.asarray(raw["ECAL"], dtype=np.float64)[np.isin(raw["_index"], index)] / unit
+    cells[cells * unit < task.preprocess.threshold] = 0.0
+    return cells
 
-    fig, axes = plt.subplots(1, 4, figsize=(18, 4.5))
-    centers = np.sqrt(SPECTRUM_BINS[1:] * SPECTRUM_BINS[:-1])
-    for data, name in ((mc, "MC"), (gan, label)):
-        axes[0].step(centers, data["spectrum"].sum(0) / len(data["energy"]), where="mid", label=name)
-        axes[1].hist(data["hits"], bins=30, histtype="step", label=name)
-        axes[2].hist(data["long_ratio"][:, 0], bins=30, histtype="step", label=f"{name} first third")
-        axes[3].scatter(mc["angle"], data["angle"], s=5, label=name, alpha=0.6)
-    axes[0].set(xscale="log", yscale="log", xlabel="cell energy (GeV)", ylabel="cells / event")
-    axes[1].set(xlabel=f"hits (> {HIT_THRESHOLD:g} GeV)")
-    axes[2].set(xlabel="energy fraction in the first third of the layers")
-    axes[3].set(xlabel="MC measured angle (rad)", ylabel="measured angle (rad)")
-    for ax in axes:
-        ax.legend()
-    fig.tight_layout()
-    paths.append(os.path.join(folder, "spectra.png"))
-    fig.savefig(paths[-1], dpi=80)
-    plt.close(fig)
-    return paths
+
+def _observe(task, batch: dict, cells_gev: np.ndarray) -> Dict[str, np.ndarray]:
+    d = task.discriminate(batch["images"]) if hasattr(task, "discriminate") and len(cells_gev) else None
+    return features(cells_gev, batch["energy"] * 100.0, batch.get("angle"), batch["_index"], d)
 
 
 def validate_task(task, files, events: np.ndarray, comm, folder: Optional[str],
-                  max_events: int = 512, plots: bool = True) -> dict:
-    """Collective: generate one shower per MC event with the same (E, θ) and score them.
+                  max_events: int = 512, plots: bool = True, generated=None,
+                  title: str = "") -> dict:
+    """Collective: one shower per MC event with the same (E, θ), scored against the MC.
 
-    Each rank handles a share of ``events``; rank 0 gathers the observables, scores, writes
-    ``validation.json`` and the plots into ``folder``. Every rank returns the score dict.
+    The showers come from ``task.generate``, or, with ``generated`` (files in the MC's
+    format), are read from there: event i of ``generated`` pairs with MC event i and carries
+    its own conditioning. Each rank handles a share of ``events``; rank 0 gathers the
+    observables, scores, writes ``validation.json`` and the plots (titled ``title``) into
+    ``folder``. Every rank returns the result dict.
     """
-    from .data.calo import GEOMETRY
-
-    g = GEOMETRY[task.variant]
     chosen = np.asarray(events)[:max_events]
     mine = chosen[comm.Get_rank()::comm.Get_size()]
     mc_parts, gan_parts = [], []
     for start in range(0, len(mine), 64):
-        raw = files.read(mine[start:start + 64])
-        raw["_index"] = mine[start:start + 64]
+        index = mine[start:start + 64]
+        raw = {**files.read(index), "_index": index}
         batch = task.preprocess(raw)
-        keep = np.isin(raw["_index"], batch["_index"])
-        mc_gev = np.asarray(raw["ECAL"], dtype=np.float64)[keep] / g["unit"]
-        mc_gev[mc_gev * g["unit"] < task.preprocess.threshold] = 0.0
-        energy = batch["energy"] * 100.0
-        generated = task.preprocess.to_gev(task.generate(batch["energy"], batch.get("angle"),
-                                                         batch["_index"]))
-        mc_parts.append(features(mc_gev, energy))
-        gan_parts.append(features(generated, energy))
+        if generated is None:
+            images = task.generate(batch["energy"], batch.get("angle"), batch["_index"])
+            fake_batch = {**batch, "images": images}
+            fake_gev = task.preprocess.to_gev(images)
+        else:  # both sides' event filters apply: keep the pairs that pass both
+            fake_raw = {**generated.read(index), "_index": index}
+            fake_batch = task.preprocess(fake_raw)
+            both = np.intersect1d(batch["_index"], fake_batch["_index"])
+            batch, fake_batch = _rows(batch, both), _rows(fake_batch, both)
+            fake_gev = _cells_gev(task, fake_raw, both)
+        mc_parts.append(_observe(task, batch, _cells_gev(task, raw, batch["_index"])))
+        gan_parts.append(_observe(task, fake_batch, fake_gev))
     mc_all = comm.gather(concat(mc_parts), root=0)
     gan_all = comm.gather(concat(gan_parts), root=0)
     result = None
@@ -199,7 +185,10 @@ def validate_task(task, files, events: np.ndarray, comm, folder: Optional[str],
             if folder:
                 os.makedirs(folder, exist_ok=True)
                 if plots:
-                    result["plots"] = plot(mc, gan, folder)
+                    from .physics_plots import plot
+
+                    result["plots"] = plot(mc, gan, folder, title=title,
+                                           label="GAN" if generated is None else "generated")
                 from .io import atomic_write_text
 
                 atomic_write_text(os.path.join(folder, "validation.json"),

@@ -67,3 +67,13 @@ def toy_files(tmp_path_factory):
     folder = tmp_path_factory.mktemp("split")
     return [write_regression(str(folder / f"part{i}.h5"), events=n, seed=i)
             for i, n in enumerate((300, 500, 224))]
+
+
+@pytest.fixture(scope="session")
+def showers_dir(tmp_path_factory):
+    """160 synthetic angle-model showers, 100-200 GeV, in two files of 80."""
+    from mpilearn.simulate import simulate
+
+    folder = tmp_path_factory.mktemp("showers")
+    simulate(str(folder), 160, "angle", (100, 200), 11, 80, progress=False)
+    return folder

@@ -95,14 +95,14 @@ def test_simulator_sampling_fraction_and_angle(mc_pair):
 
 def test_score_mc_vs_mc_near_zero_untrained_far_worse(mc_pair):
     energy, theta, a, b = mc_pair
-    fa, fb = physics.features(a, energy), physics.features(b, energy)
+    fa, fb = physics.features(a, energy, theta), physics.features(b, energy, theta)
     same = physics.score(fa, fb)
     assert same["score"] < 0.15, same
     task = gan3d.build({})
     fake = Preprocess("angle").to_gev(task.generate((energy / 100).astype(np.float32),
                                                     measured_angle_np(a).astype(np.float32),
                                                     np.arange(len(energy))))
-    untrained = physics.score(fa, physics.features(fake, energy))
+    untrained = physics.score(fa, physics.features(fake, energy, theta))
     assert untrained["score"] > 10 * same["score"], untrained
 
 
@@ -141,13 +141,6 @@ def test_preprocessing_angle_format():
     assert out["images"][0, 25, 25, 10] == pytest.approx(50 ** 0.85, rel=1e-5)
     assert out["images"][1, 0, 0, 0] == 0.0
     assert "angle" in out and out["angle"].shape == (2,)  # measured, as the file lacks mtheta
-
-
-@pytest.fixture(scope="module")
-def showers_dir(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("showers")
-    simulate(str(folder), 160, "angle", (100, 200), 11, 80, progress=False)
-    return folder
 
 
 def gan_run(np_, folder, out, batch, *extra):
@@ -274,15 +267,20 @@ def test_gan_training_with_validation_and_validate_cli(showers_dir, tmp_path):
     assert [i.step for i in board.Images("validation/profiles")] == [1, 2]
     lines = [json.loads(l) for l in open(out / "metrics.jsonl")]
     assert len(lines) == 2 and all(np.isfinite(l["score"]) for l in lines)
+    # the reference analysis's numbers beside the project's score, every validation
+    assert all({"reference_metric", "sampling_fraction_mre", "physics_reference_moments",
+                "physics_sampling_fraction_mre_150"} <= set(l) for l in lines)
     assert {"train_d_loss", "train_g_loss", "train_g_ecal", "val_d_loss", "val_g_loss"} <= set(lines[0])
-    for name in ("profiles.png", "sampling_fraction.png", "spectra.png", "validation.json"):
+    for name in ("profiles.png", "sampling_fraction.png", "spectra.png", "validation.json",
+                 "reference_observables.png", "discriminator.png"):
         assert (out / "validation" / "epoch0002" / name).exists()
     proc = mpirun(2, ["-m", "mpilearn.validate", "--checkpoint", str(out), "--mc",
                       f"{showers_dir}/*.h5", "--events", "60", "--output", str(tmp_path / "val")])
     assert proc.returncode == 0, proc.stderr
     result = json.load(open(tmp_path / "val" / "validation.json"))
     assert result["events"] == 60 and result["score"] > 0
-    assert {"moments", "profiles", "angle", "sampling_fraction_mc"} <= set(result)
+    assert {"moments", "profiles", "angle", "sampling_fraction_mc", "reference_metric",
+            "reference_angle", "sampling_fraction_mre_error"} <= set(result)
     assert (tmp_path / "val" / "profiles.png").stat().st_size > 10000
     # the exported generator in plain PyTorch, as the README shows it
     generator, _ = gan3d.networks({"preset": "small"})

@@ -102,19 +102,10 @@ def _gan(np_, folder, out, batch, *sets):
         "--set", "device.type=cuda", *extra, "--output", str(out)), timeout=600, env=SHARED)
 
 
-@pytest.fixture(scope="module")
-def showers(tmp_path_factory):
-    from mpilearn.simulate import simulate
-
-    folder = tmp_path_factory.mktemp("showers")
-    simulate(str(folder), 160, "angle", (100, 200), 11, 80, progress=False)
-    return folder
-
-
-def test_gan_two_ranks_on_cuda_equal_one_rank(showers, tmp_path):
+def test_gan_two_ranks_on_cuda_equal_one_rank(showers_dir, tmp_path):
     exact = ["hparams.batch_norm=false", "hparams.dropout=0.0", "hparams.dtype=float64"]
-    one = _gan(1, showers, tmp_path / "one", 8, *exact)
-    two = _gan(2, showers, tmp_path / "two", 4, *exact)
+    one = _gan(1, showers_dir, tmp_path / "one", 8, *exact)
+    two = _gan(2, showers_dir, tmp_path / "two", 4, *exact)
     assert one.returncode == 0 and two.returncode == 0, one.stderr[-2000:] + two.stderr[-2000:]
     assert "on cuda:0 x2" in two.stdout
     a = ckpt.load(ckpt.latest(str(tmp_path / "one" / "checkpoints")))["task"]["models"]
@@ -128,10 +119,10 @@ def test_gan_two_ranks_on_cuda_equal_one_rank(showers, tmp_path):
             np.testing.assert_allclose(b[net][k].numpy(), a[net][k].numpy(), rtol=1e-5, atol=1e-6)
 
 
-def test_bf16_autocast_trains_close_to_fp32(showers, tmp_path):
+def test_bf16_autocast_trains_close_to_fp32(showers_dir, tmp_path):
     runs = {}
     for precision in ("fp32", "bf16"):
-        proc = _gan(1, showers, tmp_path / precision, 8, f"train.precision={precision}",
+        proc = _gan(1, showers_dir, tmp_path / precision, 8, f"train.precision={precision}",
                     "hparams.dropout=0.0")
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert f"precision {precision}" in proc.stdout

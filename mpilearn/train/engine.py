@@ -488,7 +488,7 @@ class Trainer:
             append_jsonl(self.metrics_path, record)
             self.log.epoch(record)
             shown = {k: (round(v, 5) if isinstance(v, float) else v) for k, v in record.items()
-                     if k.startswith(("train_", "val_", "score")) or k == "samples_per_s"}
+                     if k.startswith(("train_", "val_")) or k in HEADLINE_PHYSICS or k == "samples_per_s"}
             print(f"epoch {record['epoch']}: {shown}", flush=True)
         return record
 
@@ -501,12 +501,13 @@ class Trainer:
 
         events = self.val_events if len(self.val_events) else self.train_events
         folder = os.path.join(self.output, "validation", f"epoch{self.epoch + 1:04d}")
+        title = f"run {os.path.basename(os.path.abspath(self.output))} epoch {self.epoch + 1}"
         result = validate_task(self.task, self.val_source, events, self.ctx.comm, folder,
-                               self.config["train"]["physics_events"])
+                               self.config["train"]["physics_events"], title=title)
         if self.log is not None and result.get("plots"):
             self.log.images(self.epoch + 1, result["plots"])
-        return {f"physics_{k}" if k != "score" else "score": v for k, v in result.items()
-                if k != "plots"}
+        return {k if k in HEADLINE_PHYSICS else f"physics_{k}": v for k, v in result.items()
+                if not isinstance(v, (list, dict))}
 
     def _early_stop(self, record: dict) -> bool:
         es = self.config["train"]["early_stopping"]
@@ -528,12 +529,18 @@ class Trainer:
         return False
 
 
+# the physics validation's three numbers, logged under their own names (their terms and the
+# per-bin values as physics_*)
+HEADLINE_PHYSICS = ("score", "reference_metric", "sampling_fraction_mre")
+
+
 def logged_metrics(task, config: dict) -> set:
     """Names every epoch record of ``task`` will carry (checked before an HPO sweep starts)."""
     names = {"epoch", "step", "lr", "samples_per_s"}
     names |= {f"train_{k}" for k in getattr(task, "loss_names", ())}
     names |= {f"val_{k}" for k in getattr(task, "val_names", ())}
     if config["train"]["validate_every"] and hasattr(task, "generate"):
-        names |= {"score", "physics_moments", "physics_profiles", "physics_angle",
-                  "physics_sampling_fraction_mre"}
+        terms = ["moments", "profiles"] + (["angle"] if getattr(task, "variant", "") == "angle" else [])
+        names |= set(HEADLINE_PHYSICS) | {"physics_sampling_fraction_mre_error"}
+        names |= {f"physics_{p}{t}" for p in ("", "reference_") for t in terms}
     return names

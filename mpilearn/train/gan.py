@@ -271,6 +271,15 @@ class GANTask(Task):
         return out.squeeze(1).cpu().numpy()
 
     @torch.no_grad()
+    def discriminate(self, images: np.ndarray) -> Dict[str, np.ndarray]:
+        """D in inference mode on preprocessed-space showers: P(real) and the auxiliary energy
+        in GeV, per event (the validation plots' discriminator outputs)."""
+        self.discriminator.eval()
+        out = self.discriminator(self.tensor(images).unsqueeze(1))
+        return {"real": out[0].reshape(-1).double().cpu().numpy(),
+                "energy": 100.0 * out[1].reshape(-1).double().cpu().numpy()}
+
+    @torch.no_grad()
     def eval_batch(self, batch):
         G, D = self.generator, self.discriminator
         G.eval(), D.eval()

@@ -256,6 +256,12 @@ class KerasGANTask(KerasTask, GANTask):
         out = self.generator(self.latent_input(noise[0], e, a), training=False)
         return np.asarray(keras.ops.convert_to_numpy(out))[..., 0]
 
+    def discriminate(self, images):
+        out = self.discriminator(np.asarray(images, dtype="float32")[..., None], training=False)
+        real, aux = (np.asarray(keras.ops.convert_to_numpy(o), dtype=np.float64).reshape(-1)
+                     for o in out[:2])
+        return {"real": real, "energy": 100.0 * aux}
+
     def eval_batch(self, batch):
         G, D = self.generator, self.discriminator
         n = len(batch["energy"])

@@ -1,0 +1,187 @@
+"""The reference analysis's metric and sampling-fraction MRE, and `validate --generated`.
+
+The oracle below is written the way the reference analysis is (a dict of per-bin arrays,
+moments by a loop over orders, the metric accumulated bin by bin with its moment block run
+twice), independently of mpilearn.physics_reference's vectorised code.
+"""
+import json
+import math
+
+import h5py
+import numpy as np
+import pytest
+
+from conftest import mpirun
+from mpilearn import physics
+from mpilearn.data.calo import measured_angle_np
+from mpilearn.physics_reference import METRIC_ENERGIES, SF_ENERGIES
+from mpilearn.simulate import showers, simulate
+
+
+def oracle_moments(sums, total, m):
+    out = np.zeros((len(sums), m))
+    mid = np.zeros(len(sums))
+    for i in range(m):
+        idx = np.tile(np.arange(sums.shape[1]), (len(sums), 1))
+        powered = np.power((idx.T - mid).T, i + 1)
+        value = np.einsum("ij,ij->i", sums, powered) / total
+        if i == 0:
+            mid = value
+        out[:, i] = value
+    return out
+
+
+def oracle_metric(images_mc, images_gan, energy, theta, energies, m=2):
+    var = {}
+    for e in energies:
+        idx = np.arange(min(len(energy), 5000)) if e == 0 else \
+            np.where((energy > e - 5) & (energy < e + 5))[0]
+        for kind, images in (("act", images_mc), ("gan", images_gan)):
+            x = images[idx]
+            total = x.sum(axis=(1, 2, 3))
+            sums = [x.sum(axis=(2, 3)), x.sum(axis=(1, 3)), x.sum(axis=(1, 2))]
+            for name, s in zip("XYZ", sums):
+                var[f"sums{name}_{kind}{e}"] = s
+                var[f"moment{name}_{kind}{e}"] = oracle_moments(s, total, m)
+        var[f"angle_act{e}"] = theta[idx]
+        var[f"angle_gan{e}"] = measured_angle_np(images_gan[idx])
+    metricp = metrice = metrica = 0.0
+    for e in energies:
+        for _ in range(2):  # the reference's duplicated block
+            errs = [(np.mean(var[f"moment{a}_act{e}"], 0) - np.mean(var[f"moment{a}_gan{e}"], 0))
+                    / np.mean(var[f"moment{a}_act{e}"], 0) for a in "XYZ"]
+            metricp += np.sum(sum(np.abs(err) for err in errs) / 3) / m
+        prof = 0.0
+        for a in "XYZ":
+            act, gan = np.mean(var[f"sums{a}_act{e}"], 0), np.mean(var[f"sums{a}_gan{e}"], 0)
+            prof += np.sum(np.abs((act - gan) / act)) / len(act)
+        metrice += prof / 3
+        metrica += np.mean(np.abs((var[f"angle_act{e}"] - var[f"angle_gan{e}"]) / var[f"angle_act{e}"]))
+    n = len(energies)
+    return metricp / n + metrice / n + metrica / n, metricp / n, metrice / n, metrica / n
+
+
+def oracle_sf_mre(sf_act, sf_gan, energy, energies):
+    metric, d = 0.0, 0.0
+    for e in energies:
+        sel = (energy > e - 5) & (energy < e + 5)
+        a, g = sf_act[sel], sf_gan[sel]
+        metric += abs(a.mean() - g.mean()) / a.mean()
+        d += np.std(g) ** 2 / len(a) + (np.std(a) / g.mean()) ** 2 / len(a)
+    return metric / len(energies), math.sqrt(d / len(energies))
+
+
+@pytest.fixture(scope="module")
+def samples():
+    """MC and a 'GAN' that differs: other showers, energies smeared, a little noise."""
+    rng = np.random.default_rng(3)
+    n = 600
+    energy = rng.choice([110.0, 150.0, 190.0], n) + rng.uniform(-4.9, 4.9, n)
+    theta = rng.uniform(math.radians(60), math.radians(120), n)
+    mc = showers(energy, theta, (51, 51, 25), np.random.default_rng(1))
+    gan = showers(energy * 1.05, theta, (51, 51, 25), np.random.default_rng(2))
+    # every cell gets some energy on average: the reference's profile term stays finite
+    mc, gan = mc + 1e-7, gan + rng.uniform(0, 2e-7, gan.shape)
+    return energy, measured_angle_np(mc), mc, gan
+
+
+def test_reference_metric_equals_the_reference_computation(samples):
+    energy, theta, mc, gan = samples
+    fa, fb = physics.features(mc, energy, theta), physics.features(gan, energy, theta)
+    got = physics.score(fa, fb)
+    total, moments, profiles, angle = oracle_metric(mc, gan, energy, theta, METRIC_ENERGIES["reduced"])
+    assert got["reference_bins"] == [0, 110, 150, 190]
+    assert got["reference_moments"] == pytest.approx(moments, rel=1e-9)
+    assert got["reference_profiles"] == pytest.approx(profiles, rel=1e-9)
+    assert got["reference_angle"] == pytest.approx(angle, rel=1e-9)
+    assert got["reference_metric"] == pytest.approx(total, rel=1e-9) and total > 0.01
+    mre, err = oracle_sf_mre(fa["sampling_fraction"], fb["sampling_fraction"], energy,
+                             SF_ENERGIES["reduced"])
+    assert got["sampling_fraction_mre"] == pytest.approx(mre, rel=1e-9) and mre > 0.01
+    assert got["sampling_fraction_mre_error"] == pytest.approx(err, rel=1e-9)
+    assert {f"sampling_fraction_mre_{e}" for e in (110, 150, 190)} <= set(got)
+
+
+def test_reference_metric_of_identical_samples_is_zero(samples):
+    energy, theta, mc, _ = samples
+    fa = physics.features(mc, energy, theta)
+    got = physics.score(fa, fa)
+    for key in ("reference_metric", "reference_moments", "reference_profiles", "reference_angle",
+                "sampling_fraction_mre", "score"):
+        assert got[key] == 0.0, key
+
+
+def test_full_range_bins_and_bin_zero_takes_the_first_5000_events():
+    rng = np.random.default_rng(0)
+    energy = rng.uniform(10, 500, 60)
+    from mpilearn.physics_reference import energy_set, select
+
+    assert energy_set(energy) == "full" and energy_set(np.array([100.0, 200.0])) == "reduced"
+    assert list(select(np.zeros(6000), 0)) == list(range(5000))
+    inside = select(np.array([104.9, 95.0, 105.0, 100.0]), 100)
+    assert list(inside) == [0, 3]  # an open interval of ±5 GeV
+
+
+def test_empty_mc_cells_are_counted(samples):
+    energy, theta, mc, gan = samples
+    mc = mc.copy()
+    mc[:, 0] = 0.0  # an x slice with no MC energy at all
+    got = physics.score(physics.features(mc, energy, theta), physics.features(gan, energy, theta))
+    assert got["reference_profiles"] == math.inf and got["reference_empty_mc_cells"] > 0
+
+
+def test_validate_generated_second_sample_and_json(showers_dir, tmp_path):
+    files = f"{showers_dir}/*.h5"
+    proc = mpirun(2, ["-m", "mpilearn.validate", "--generated", files, "--mc", files,
+                      "--events", "100", "--output", str(tmp_path / "same"),
+                      "--json", str(tmp_path / "same.json")])
+    assert proc.returncode == 0, proc.stderr
+    same = json.load(open(tmp_path / "same.json"))
+    assert same["events"] == 100
+    assert same["reference_metric"] == pytest.approx(0, abs=1e-6)  # mtheta vs measured: float
+    assert same["score"] == 0 and same["sampling_fraction_mre"] == 0
+    assert "reference_metric" in proc.stdout and "sampling_fraction_mre" in proc.stdout
+    for name in ("reference_observables.png", "sampling_fraction.png", "validation.json"):
+        assert (tmp_path / "same" / name).exists(), name
+    # a second, independent MC sample: paired by order, each event with its own conditioning
+    other = tmp_path / "other"
+    simulate(str(other), 120, "angle", (100, 200), 5, 120, progress=False)
+    proc = mpirun(1, ["-m", "mpilearn.validate", "--generated", f"{other}/*.h5", "--mc", files,
+                      "--events", "100", "--no-plots", "--json", str(tmp_path / "other.json"),
+                      "--output", str(tmp_path / "o")])
+    assert proc.returncode == 0, proc.stderr
+    result = json.load(open(tmp_path / "other.json"))
+    assert 0 < result["sampling_fraction_mre"] < 0.2 and result["reference_metric"] > 0
+
+
+def test_validate_generated_without_its_angle_is_bad_input(showers_dir, tmp_path):
+    bad = tmp_path / "noangle.h5"
+    with h5py.File(next(showers_dir.glob("*.h5"))) as src, h5py.File(bad, "w") as dst:
+        for key in ("ECAL", "energy"):
+            dst[key] = src[key][:]
+    proc = mpirun(2, ["-m", "mpilearn.validate", "--generated", str(bad), "--mc",
+                      f"{showers_dir}/*.h5", "--output", str(tmp_path / "v")])
+    assert proc.returncode == 2
+    assert proc.stderr.count("mtheta") == 1 and str(bad) in proc.stderr
+    assert not (tmp_path / "v").exists()
+    proc = mpirun(1, ["-m", "mpilearn.validate", "--mc", f"{showers_dir}/*.h5"])
+    assert proc.returncode == 2 and "--checkpoint" in proc.stderr
+
+
+def test_every_number_is_a_metric_an_hpo_objective_can_name():
+    import os
+    import sys
+
+    from conftest import REPO
+    from mpilearn.config import resolve
+    from mpilearn.train.engine import logged_metrics
+
+    sys.path.insert(0, os.path.join(REPO, "models"))
+    import gan3d
+
+    config = resolve(None, ["train.validate_every=1"], require_model=False)
+    angle = logged_metrics(gan3d.build({"preset": "small"}), config)
+    assert {"score", "reference_metric", "sampling_fraction_mre", "physics_reference_angle",
+            "physics_reference_moments", "physics_angle", "physics_sampling_fraction_mre_error"} <= angle
+    fixed = logged_metrics(gan3d.build({"variant": "fixed"}), config)
+    assert "reference_metric" in fixed and not {"physics_angle", "physics_reference_angle"} & fixed
