@@ -28,6 +28,7 @@ import argparse
 import os
 import re
 import sys
+import time
 from dataclasses import dataclass
 from typing import Mapping, Optional
 
@@ -123,3 +124,10 @@ class RankZeroArgumentParser(argparse.ArgumentParser):
     def _print_message(self, message, file=None):
         if not detect().rank:
             super()._print_message(message, file)
+
+    def exit(self, status=0, message=None):
+        if status and detect().rank:
+            # mpirun ends the job at the first process that fails: let the first one print
+            # its message and fail first, or the message can be lost with it
+            time.sleep(2.0)
+        super().exit(status, message)

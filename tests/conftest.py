@@ -16,11 +16,19 @@ def mpirun_cmd(np_, args):
     return ["mpirun", "-np", str(np_), "--oversubscribe", sys.executable] + list(args)
 
 
+PMIX_START_FAILURE = "PMIx server's listener thread failed to start"
+
+
 def mpirun(np_, args, timeout=300, cwd=None, env=None):
     """Run ``python ARGS`` on np_ ranks; returns CompletedProcess (text)."""
     start = time.monotonic()
-    proc = subprocess.run(mpirun_cmd(np_, args), capture_output=True, text=True,
-                          timeout=timeout, cwd=cwd or REPO, env={**ENV, **(env or {})})
+    for attempt in range(2):
+        proc = subprocess.run(mpirun_cmd(np_, args), capture_output=True, text=True,
+                              timeout=timeout, cwd=cwd or REPO, env={**ENV, **(env or {})})
+        # Open MPI's launcher sometimes fails to start on a loaded machine, before any rank
+        # runs: only that is run again
+        if PMIX_START_FAILURE not in proc.stderr:
+            break
     proc.seconds = time.monotonic() - start
     return proc
 
