@@ -14,7 +14,7 @@ import importlib.util
 import os
 import sys
 
-from .comm import UsageError
+from .errors import UsageError
 
 BUILDER = "build"
 

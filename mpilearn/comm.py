@@ -14,8 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 
-class UsageError(Exception):
-    """Bad input from the user: reported once by rank 0, exit status 2."""
+from .errors import UsageError  # noqa: F401  (re-exported: raised by the checks here)
 
 
 @dataclass
@@ -186,20 +185,15 @@ def install_exit_guard(world) -> None:
 
 
 def fail_usage(comm, message: Optional[str]) -> None:
-    """Collective: if rank 0 found bad input, rank 0 prints it once and every rank exits 2."""
+    """Collective: if rank 0 found bad input, every rank raises the same UsageError (the
+    ``main()`` prints it once, from rank 0, and every rank exits 2 together)."""
     message = comm.bcast(message, root=0)
-    if message is None:
-        return
-    if comm.Get_rank() == 0:
-        sys.stderr.write(f"mpilearn: error: {message}\n")
-        sys.stderr.flush()
-    # exit together so that mpirun reports status 2 rather than an abort
-    comm.Barrier()
-    sys.exit(2)
+    if message is not None:
+        raise UsageError(message)
 
 
 def check_on_root(comm, fn, *args, **kwargs):
-    """Run ``fn`` on rank 0; a UsageError it raises ends every rank with status 2.
+    """Run ``fn`` on rank 0; a UsageError it raises is raised on every rank.
 
     Returns fn's result on rank 0 and None elsewhere.
     """

@@ -13,7 +13,7 @@ from typing import Any, Dict, Iterable, Optional
 
 import yaml
 
-from .comm import UsageError
+from .errors import UsageError
 
 # key -> default. ``None`` marks a key that takes a string or nothing.
 SCHEMA: Dict[str, Any] = {
@@ -32,8 +32,8 @@ SCHEMA: Dict[str, Any] = {
         "batch_size": 32,   # per rank; global batch = batch_size x ranks
         "max_steps_per_epoch": 0,   # 0 = all events; also caps validation batches per rank
         "backend": "mpi",   # mpi | torch | horovod
-        "algorithm": "allreduce",   # allreduce | downpour | easgd (rank 0 is the master)
-        "sync_every": 1,            # downpour/easgd: optimizer steps between exchanges
+        "algorithm": "allreduce",   # allreduce | local_sgd | downpour | easgd (rank 0: master)
+        "sync_every": 1,            # local_sgd: steps between averages; downpour/easgd: exchanges
         "elastic_force": 0.5,       # easgd: alpha, the centre's pull
         "max_staleness": 0,         # downpour: drop older gradients; 0 = 2 x workers
         "fusion_mb": 25.0,  # tensor-fusion bucket size
@@ -66,7 +66,7 @@ CHOICES = {
     "search.fold_mode": ("parallel", "sequential"),
     "search.pruner": ("none", "median", "asha", "hyperband"),
     "train.backend": ("mpi", "torch", "horovod"),
-    "train.algorithm": ("allreduce", "downpour", "easgd"),
+    "train.algorithm": ("allreduce", "local_sgd", "downpour", "easgd"),
     "train.lr_scaling": ("none", "linear"),
     "train.precision": ("fp32", "bf16"),
     "device.type": ("auto", "cpu", "cuda"),
@@ -221,7 +221,7 @@ def resolve(path: Optional[str], sets: Iterable[str] = (), base: Optional[dict] 
         raise UsageError(f"'train.seed' must be in [0, 2**32), got {t['seed']}")
     if not 0 < t["elastic_force"] <= 1:
         raise UsageError(f"'train.elastic_force' must be in (0, 1], got {t['elastic_force']}")
-    if t["algorithm"] != "allreduce" and t["lr_scaling"] != "none":
+    if t["algorithm"] in ("downpour", "easgd") and t["lr_scaling"] != "none":
         raise UsageError(f"'train.lr_scaling: {t['lr_scaling']}' is for allreduce training; "
                          f"{t['algorithm']} applies each worker's update on its own (use none)")
     if not 0 <= config["data"]["val_fraction"] < 1:

@@ -19,7 +19,7 @@ import os
 import shlex
 import sys
 
-from .comm import UsageError
+from .errors import UsageError
 
 # the site profile: key -> default (the default's type is the type the key accepts)
 SITE = {
@@ -222,7 +222,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     try:
         if args.list_files:
-            from .train.engine import expand_files
+            from .train.checks import expand_files
 
             print(" ".join(expand_files(_config(args.kind, args.list_files)["data"]["files"])))
             return 0

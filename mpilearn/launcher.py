@@ -27,12 +27,11 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import sys
 import time
 from dataclasses import dataclass
 from typing import Mapping, Optional
 
-from .comm import UsageError
+from .errors import UsageError
 
 
 @dataclass(frozen=True)
@@ -109,9 +108,8 @@ def check(launch: Launch, mpi_rank: int, mpi_size: int) -> None:
     """Raise UsageError when the launcher started N processes but MPI sees a world of 1."""
     message = mismatch(launch, mpi_size)
     if message is not None:
-        if launch.rank:
-            sys.exit(2)  # every process is a rank 0 now: only the launcher's first one speaks
-        raise UsageError(message)
+        # every process is a rank 0 now: only the launcher's first one speaks
+        raise UsageError(message, quiet=bool(launch.rank))
     if launch.size and launch.size == mpi_size and launch.rank != mpi_rank:
         # harmless for training, but worth knowing when reading per-rank logs
         print(f"mpilearn: note: launcher rank {launch.rank} is MPI rank {mpi_rank}", flush=True)

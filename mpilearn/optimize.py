@@ -21,7 +21,8 @@ import sys
 from .launcher import RankZeroArgumentParser
 from . import comm as mcomm
 from . import preempt
-from .comm import UsageError, check_on_root
+from .comm import check_on_root
+from .errors import UsageError, exit_status
 from .hpo import layout
 from .hpo.coordinator import TAG_BLOCK, TAG_PROGRESS, TAG_TRIAL, TAG_VERDICT, Coordinator
 from .hpo.pruners import make_pruner
@@ -58,7 +59,8 @@ def prepare(config: dict, world_size: int, resume) -> dict:
             raise UsageError(f"model {config['model']}: build(hparams) failed with the default "
                              f"hyperparameters: {type(err).__name__}: {err}") from None
         from .data.hdf5 import EventFiles
-        from .train.engine import expand_files, logged_metrics
+        from .train.callbacks import logged_metrics
+        from .train.checks import expand_files
 
         names = logged_metrics(task, config) | {objective.WALL}
         for metric in obj["metrics"]:
@@ -229,10 +231,8 @@ def main(argv=None) -> int:
         sets = list(args.set) + ([f"output={args.output}"] if args.output else [])
         config = resolve(args.config, sets, schema=hpo_schema(), require_model=False)
         info = world.bcast(check_on_root(world, prepare, config, world.Get_size(), args.resume), root=0)
-    except UsageError as err:
-        if ctx.rank == 0:
-            sys.stderr.write(f"mpilearn: error: {err}\n")
-        return 2
+    except Exception as err:  # mpilearn's own errors become statuses; others abort the job
+        return exit_status(err, ctx.rank)
     s = config["search"]
     role = layout.role(world.Get_rank(), world.Get_size(), s["blocks"], s["folds"],
                        s["ranks_per_fold"], s["fold_mode"])

@@ -26,7 +26,8 @@ from types import SimpleNamespace
 import numpy as np
 
 from .launcher import RankZeroArgumentParser
-from .comm import UsageError, check_on_root
+from .comm import check_on_root
+from .errors import UsageError, exit_status
 
 
 def _resolve_checkpoint(path: str) -> str:
@@ -60,7 +61,7 @@ def _run_config(checkpoint: str, config: str = None) -> dict:
 def prepare(args):
     """Rank 0: check every input before anything is built or read."""
     from .builders import load_builder
-    from .train.engine import expand_files
+    from .train.checks import expand_files
 
     if not args.checkpoint and not args.generated:
         raise UsageError("give --checkpoint (generate showers) or --generated (read them)")
@@ -95,10 +96,10 @@ def _shower_format(paths, angle_key: str):
 def _open_files(task, paths, what: str, need_angle: bool = False):
     """Rank 0: the files as an event table, checked as the task checks training files."""
     from .data.hdf5 import EventFiles
-    from .train.gan import GANTask
+    from .train.gan import GANProtocol
 
     files = EventFiles(paths, task.keys, task.optional_keys)
-    if isinstance(task, GANTask):
+    if isinstance(task, GANProtocol):
         task.check_files(files)
     elif task.variant == "fixed" and not {"energy", "target"} & files.optional_present:
         raise UsageError(f"{what} {paths[0]}: no dataset 'energy' (or 'target') with the "
@@ -174,10 +175,8 @@ def main(argv=None) -> int:
 
         result = validate_task(task, mc, events, ctx.comm, output, max_events=args.events,
                                plots=not args.no_plots, generated=generated, title=title)
-    except UsageError as err:
-        if ctx.rank == 0:
-            sys.stderr.write(f"mpilearn: error: {err}\n")
-        return 2
+    except Exception as err:  # mpilearn's own errors become statuses; others abort the job
+        return exit_status(err, ctx.rank)
     if ctx.rank == 0:
         if args.json:
             from .io import atomic_write_text

@@ -1,4 +1,6 @@
 """A crash on one rank ends the whole job with that rank's traceback, never a hang."""
+import pytest
+
 from conftest import REPO, TESTS, mpirun, train_args
 
 
@@ -43,25 +45,31 @@ def test_a_rank_finishing_late_is_not_aborted():
     assert together.returncode == 0, together.stderr[-2000:]
 
 
-def test_nan_inputs_leave_latest_on_the_last_good_step(toy_file, tmp_path):
+@pytest.mark.parametrize("framework", ["torch", "keras"])
+def test_nan_inputs_leave_latest_on_the_last_good_step(framework, toy_file, tmp_path):
     import torch
 
     from mpilearn.train.checkpoint import latest, load
 
+    crash, good_model = {"torch": ("crash.py --set hparams.nan_inputs=true", "mlp.py"),
+                         "keras": ("keras_crash.py", "keras_mlp.py")}[framework]
+    crash_model, *crash_sets = crash.split()
     common = ("--set", f"data.files=[{toy_file}]", "--set", "train.batch_size=8",
               "--set", "train.epochs=1")
-    stopped = mpirun(2, train_args("--set", f"model={TESTS}/models/crash.py", *common,
-                                   "--set", "hparams.nan_inputs=true",
-                                   "--output", str(tmp_path / "nan")), timeout=120)
+    env = {"TF_CPP_MIN_LOG_LEVEL": "2"}
+    stopped = mpirun(2, train_args("--set", f"model={TESTS}/models/{crash_model}", *common,
+                                   *crash_sets, "--output", str(tmp_path / "nan")),
+                     timeout=180, env=env)
     assert stopped.returncode == 3, stopped.stderr[-2000:]
     assert "non-finite gradients, step skipped" in stopped.stdout + stopped.stderr
-    two = mpirun(2, train_args("--set", f"model={REPO}/models/mlp.py", *common,
+    two = mpirun(2, train_args("--set", f"model={REPO}/models/{good_model}", *common,
                                "--set", "train.max_steps_per_epoch=2",
-                               "--output", str(tmp_path / "two")), timeout=120)
+                               "--output", str(tmp_path / "two")), timeout=180, env=env)
     assert two.returncode == 0, two.stderr[-2000:]
     poisoned = load(latest(str(tmp_path / "nan" / "checkpoints")))
     good = load(latest(str(tmp_path / "two" / "checkpoints")))
-    weights = poisoned["task"]["models"]["model"]
-    for k, v in good["task"]["models"]["model"].items():
-        assert torch.isfinite(weights[k]).all(), k
-        assert torch.equal(weights[k], v), k  # the step-2 state, exactly
+    weights, want = poisoned["task"]["models"]["model"], good["task"]["models"]["model"]
+    pairs = zip(weights, want) if framework == "keras" else ((weights[k], v) for k, v in want.items())
+    for got, v in pairs:
+        assert torch.isfinite(got).all()
+        assert torch.equal(got, v)  # the step-2 state, exactly

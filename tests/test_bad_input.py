@@ -51,6 +51,10 @@ CASES = [
      "Keras model call keras.mixed_precision.set_global_policy('mixed_bfloat16')",
      f"{REPO}/models/keras_mlp.py"),
     (["--set", "train.precision=fp16"], "train.precision", MLP),
+    (["--set", "train.backend=torch"], "train.backend=torch is for PyTorch models; a Keras "
+     "model's gradients travel through mpi4py", f"{REPO}/models/keras_mlp.py"),
+    (["--set", "train.fusion_mb=4"], "train.fusion_mb=4 is for PyTorch models",
+     f"{REPO}/models/keras_mlp.py"),
 ]
 
 

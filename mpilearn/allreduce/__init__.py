@@ -7,7 +7,7 @@ shared by all backends.
 """
 from __future__ import annotations
 
-from ..comm import UsageError
+from ..errors import UsageError
 
 BACKENDS = ("mpi", "torch", "horovod")
 

@@ -12,44 +12,34 @@ from typing import Iterable, List, Optional
 
 import torch
 
+from ..flat import FlatBuffer
 
-class Bucket:
+
+class Bucket(FlatBuffer):
+    """Parameters whose gradients travel together: the flat buffer of their gradients."""
+
     def __init__(self, params: List[torch.nn.Parameter]):
+        super().__init__(params)
         self.params = params
-        self.numel = sum(p.numel() for p in params)
-        ref = params[0]
-        self.buffer = torch.zeros(self.numel, dtype=ref.dtype, device=ref.device)
+        self.buffer = self.payload
         self.ready = 0
         self.handle = None
 
     def pack(self, scale: float = 1.0) -> None:
-        offset = 0
-        for p in self.params:
-            n = p.numel()
-            if p.grad is None:  # no gradient on this rank: it still takes part, with zeros
-                self.buffer[offset:offset + n].zero_()
-            else:
-                grad = p.grad.to_dense() if p.grad.is_sparse else p.grad
-                self.buffer[offset:offset + n].copy_(grad.reshape(-1))
-            offset += n
-        if scale != 1.0:
-            self.buffer.mul_(scale)
+        super().pack([p.grad for p in self.params], scale)
 
     def unpack(self, scale: float, source=None, keep_sparse: bool = False) -> None:
         source = self.buffer if source is None else source
         if scale != 1.0:
             source.mul_(scale)
-        offset = 0
-        for p in self.params:
-            n = p.numel()
-            view = source[offset:offset + n].view_as(p)
+        for p, view in zip(self.params, torch.split(source, self.sizes)):
+            view = view.view_as(p)
             if p.grad is None:
                 p.grad = view.to(p.dtype, copy=True)
             elif p.grad.is_sparse:
                 p.grad = view.to(p.dtype).to_sparse() if keep_sparse else view.to(p.dtype, copy=True)
             else:
                 p.grad.copy_(view)
-            offset += n
 
 
 def make_buckets(params: Iterable[torch.nn.Parameter], threshold_bytes: int,

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import itertools
 
-from ..comm import UsageError
+from ..errors import UsageError
 
 
 class HorovodBackend:

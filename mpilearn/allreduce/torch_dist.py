@@ -40,7 +40,7 @@ def _gpu_identity(device: str) -> str:
 def _refuse_shared_gpu(comm, device: str) -> None:
     """NCCL cannot put two ranks on one GPU (it fails, or hangs, at the first collective):
     say so at set-up, on every rank, naming the ranks."""
-    from ..comm import UsageError
+    from ..errors import UsageError
 
     ids = comm.allgather(_gpu_identity(device))
     mine = [r for r, g in enumerate(ids) if g == ids[comm.Get_rank()]]

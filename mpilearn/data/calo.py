@@ -16,7 +16,7 @@ import math
 import numpy as np
 import torch
 
-from ..comm import UsageError
+from ..errors import UsageError
 
 GEOMETRY = {
     "angle": {"shape": (51, 51, 25), "unit": 50.0, "power": 0.85, "xscale": 1.0,

@@ -16,7 +16,7 @@ from typing import Callable, Dict, Iterator, List, Optional, Sequence
 
 import numpy as np
 
-from ..comm import UsageError
+from ..errors import UsageError
 
 
 class DataError(OSError):

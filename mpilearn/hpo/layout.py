@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from ..comm import UsageError
+from ..errors import UsageError
 
 
 @dataclass(frozen=True)

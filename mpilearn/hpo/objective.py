@@ -18,7 +18,7 @@ from typing import Optional
 import numpy as np
 
 from .. import preempt
-from ..comm import UsageError
+from ..errors import TrainingStopped, UsageError
 from ..builders import load_builder
 from .space import apply
 
@@ -181,7 +181,10 @@ def _run_fold(config: dict, point: dict, fold: int, ctx, output: str, obj: dict,
             # a fold directory exists only for a trial run again (interrupted): continue it
             trainer = Trainer(trial, ctx, output=output, progress=False, events=events,
                               deadline=deadline, resume="auto")
-            trainer.on_epoch = on_epoch
+            if on_epoch is not None:
+                from ..train.callbacks import Report
+
+                trainer.callbacks.append(Report(on_epoch))
             trainer.fit()
             values = values_of(trainer.history, obj, time.time() - start)
             if trainer.log is not None:  # TensorBoard's HParams tab: this fold's point and value
@@ -192,9 +195,9 @@ def _run_fold(config: dict, point: dict, fold: int, ctx, output: str, obj: dict,
         return {"status": "done", "values": values, "wall": time.time() - start}
     except preempt.Preempted:
         return {"status": "interrupted", "wall": time.time() - start}
-    except (Exception, SystemExit) as err:  # a failed trial is recorded, the sweep goes on
+    except Exception as err:  # a failed trial is recorded, the sweep goes on
         reason = f"{type(err).__name__}: {err}"
-        if not isinstance(err, (UsageError, SystemExit)) and type(err).__name__ != "TrainingStopped":
+        if not isinstance(err, (UsageError, TrainingStopped)):  # ours need no traceback
             reason += "\n" + "".join(traceback.format_exception(err)[-3:])
         # its output is gone (the launcher died): the job is dying, not the trial
         killed = isinstance(err, OSError) and err.errno in (errno.EIO, errno.EPIPE)

@@ -213,7 +213,7 @@ def make_pruner(name: str, direction: str = "minimize", **options) -> Pruner:
     ``UsageError`` naming the option."""
     import inspect
 
-    from ..comm import UsageError
+    from ..errors import UsageError
     from ..train.checks import did_you_mean
 
     if name not in PRUNERS:

@@ -400,7 +400,7 @@ def make_searcher(name: str, space: Space, seed: int = 0, n_objectives: int = 1,
                   **options) -> Searcher:
     """A searcher from its name and ``search.options``; unknown options and values the
     library would reject later are bad input (exit 2) before any trial runs."""
-    from ..comm import UsageError
+    from ..errors import UsageError
     from ..train.checks import did_you_mean
 
     if name not in SEARCHERS:

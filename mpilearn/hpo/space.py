@@ -20,7 +20,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
-from ..comm import UsageError
+from ..errors import UsageError
 
 TYPES = ("real", "int", "categorical")
 

@@ -16,6 +16,7 @@ import keras
 import numpy as np
 
 from .. import comm as _comm
+from ..flat import reduce_tensors
 from ..torch.basics import global_process_set, state_of
 from ..torch.compression import Compression
 from ..torch.engine import Average
@@ -62,17 +63,17 @@ def allreduce_arrays(arrays: List[np.ndarray], comm=None, average: bool = True,
     arrays = [np.asarray(a) for a in arrays]
     if not arrays:
         return arrays
-    common = np.float64 if any(a.dtype == np.float64 for a in arrays) else np.float32
-    flat = np.concatenate([a.astype(common).ravel() for a in arrays])
-    if wire_dtype is not None:
-        flat = flat.astype(wire_dtype)
+    # float64 stays float64, everything else travels as float32 (or as ``wire_dtype``)
+    sent = [torch.from_numpy(np.ascontiguousarray(
+        a, dtype=wire_dtype or (np.float64 if a.dtype == np.float64 else np.float32)))
+        for a in arrays]
     if comm.Get_size() > 1 or wire_dtype is not None or prescale != 1.0 or postscale != 1.0:
-        _fused_allreduce_(torch.from_numpy(flat), comm, average, prescale, postscale)
-    out, offset = [], 0
-    for a in arrays:
-        out.append(flat[offset:offset + a.size].reshape(a.shape).astype(a.dtype))
-        offset += a.size
-    return out
+        sent = reduce_tensors(sent, lambda flat: _fused_allreduce_(flat, comm, average,
+                                                                     prescale, postscale))
+    return [t.numpy().reshape(a.shape).astype(a.dtype) for t, a in zip(sent, arrays)]
+
+
+_graph_seconds = 0.0  # allreduce time inside compiled graphs (their Python bodies time it)
 
 
 def allreduce_tensors(grads: list, comm, average: bool = True, wire_dtype=None,
@@ -84,18 +85,22 @@ def allreduce_tensors(grads: list, comm, average: bool = True, wire_dtype=None,
     if backend_name() == "torch":
         import torch
 
-        flat = torch.cat([g.detach().reshape(-1) for g in grads])
-        if wire_dtype is not None:
-            wire = flat.to(getattr(torch, np.dtype(wire_dtype).name))
-            _fused_allreduce_(wire, comm, average, prescale, postscale)
-            flat = wire.to(flat.dtype)
-        else:
+        def reduce_(flat):
             _fused_allreduce_(flat, comm, average, prescale, postscale)
-        return [piece.view_as(g) for piece, g in zip(torch.split(flat, [g.numel() for g in grads]), grads)]
+
+        if wire_dtype is None:
+            return reduce_tensors([g.detach() for g in grads], reduce_)
+        wire = getattr(torch, np.dtype(wire_dtype).name)
+        out = reduce_tensors([g.detach().to(wire) for g in grads], reduce_)
+        return [o.to(g.dtype) for o, g in zip(out, grads)]
     import tensorflow as tf
 
-    def reduce(*arrays):
-        return allreduce_arrays(list(arrays), comm, average, wire_dtype, prescale, postscale)
+    def reduce(*arrays):  # runs when the graph runs: its time is the allreduce's
+        global _graph_seconds
+        start = time.perf_counter()
+        out = allreduce_arrays(list(arrays), comm, average, wire_dtype, prescale, postscale)
+        _graph_seconds += time.perf_counter() - start
+        return out
 
     dense = [tf.convert_to_tensor(g) for g in grads]  # IndexedSlices -> dense
     if tf.executing_eagerly():
@@ -105,6 +110,26 @@ def allreduce_tensors(grads: list, comm, average: bool = True, wire_dtype=None,
     for o, g in zip(out, dense):
         o.set_shape(g.shape)
     return list(out)
+
+
+NONFINITE = "non-finite gradients, step skipped"
+
+
+def _checked_finite(grads) -> list:
+    """``grads``, checked to be finite before they are applied: eagerly a TrainingStopped;
+    inside a compiled TensorFlow graph an assertion op that the apply depends on (its
+    InvalidArgumentError carries :data:`NONFINITE`; the caller turns it into the stop)."""
+    if backend_name() == "tensorflow":
+        import tensorflow as tf
+
+        if not tf.executing_eagerly():
+            return [None if g is None else tf.debugging.assert_all_finite(g, NONFINITE)
+                    for g in grads]
+    if all(bool(np.isfinite(keras.ops.convert_to_numpy(g)).all()) for g in grads if g is not None):
+        return grads
+    from ..errors import TrainingStopped
+
+    raise TrainingStopped(f"{NONFINITE} (Keras update)")
 
 
 class _DistributedMixin:
@@ -126,6 +151,9 @@ class _DistributedMixin:
             grads[i] = g
         # time of the averaging (eager calls; under a compiled fit() it is part of the graph)
         self._mpilearn_seconds = getattr(self, "_mpilearn_seconds", 0.0) + time.perf_counter() - start
+        if getattr(self, "_mpilearn_guard", False):
+            # the averaged gradients are alike on every rank: every rank stops here, unapplied
+            grads = _checked_finite(grads)
         return super().apply(grads, trainable_variables)
 
     def _accumulate(self, grads):
@@ -152,7 +180,10 @@ class _DistributedMixin:
 
     @property
     def allreduce_seconds(self) -> float:
+        """Averaging time since the last call (the compiled graphs' too, counted once)."""
+        global _graph_seconds
         seconds, self._mpilearn_seconds = getattr(self, "_mpilearn_seconds", 0.0), 0.0
+        seconds, _graph_seconds = seconds + _graph_seconds, 0.0
         return seconds
 
 

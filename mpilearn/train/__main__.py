@@ -10,9 +10,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..comm import UsageError
+from ..errors import UsageError, exit_status
 from ..launcher import RankZeroArgumentParser
-from .tasks import TrainingStopped
 
 EPILOG = """\
 config keys (YAML; --set uses dotted names):
@@ -100,16 +99,8 @@ def main(argv=None) -> int:
                           progress=not args.no_progress, overwrite=args.overwrite,
                           force=args.force)
         trainer.fit()
-    except preempt.Preempted:
-        return preempt.REQUEUE_EXIT
-    except TrainingStopped as stop:
-        if ctx.rank == 0:
-            sys.stderr.write(f"mpilearn: training stopped: {stop}\n")
-        return 3
-    except UsageError as err:  # raised alike on every rank: one message, status 2
-        if ctx.rank == 0:
-            sys.stderr.write(f"mpilearn: error: {err}\n")
-        return 2
+    except Exception as err:  # mpilearn's own errors become statuses; others abort the job
+        return exit_status(err, ctx.rank)
     return 0
 
 

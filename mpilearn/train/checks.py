@@ -7,9 +7,13 @@ import difflib
 import glob
 import os
 import sys
+import time
 from typing import Iterable, Optional
 
-from ..comm import UsageError, fail_usage
+from .. import comm as mcomm
+from ..comm import fail_usage
+from ..data.hdf5 import EventFiles
+from ..errors import UsageError
 
 
 def did_you_mean(word: str, choices: Iterable[str]) -> str:
@@ -141,7 +145,7 @@ def build_task(builder, spec: str, hparams: dict, comm):
 
 def check_monitor(config: dict, task, has_validation: bool) -> None:
     """The early-stopping metric is one the run will log (checked before the first epoch)."""
-    from .engine import logged_metrics
+    from .callbacks import logged_metrics
 
     es = config["train"]["early_stopping"]
     if es["patience"] <= 0:
@@ -207,3 +211,64 @@ def check_precision(task, precision: str) -> None:
         raise UsageError("train.precision=bf16 is for PyTorch models; for a Keras model call "
                          "keras.mixed_precision.set_global_policy('mixed_bfloat16') in its "
                          "model file and keep train.precision=fp32")
+
+
+def check_framework(task, train: dict) -> None:
+    """Keras tasks average their gradients in one fused mpi4py buffer per update: a
+    torch.distributed or Horovod transport, or a bucket size, would silently not apply."""
+    if getattr(task, "framework", "") != "keras":
+        return
+    if train["backend"] != "mpi":
+        raise UsageError(f"train.backend={train['backend']} is for PyTorch models; a Keras "
+                         "model's gradients travel through mpi4py (train.backend=mpi)")
+    if train["fusion_mb"] != 25.0:
+        raise UsageError(f"train.fusion_mb={train['fusion_mb']} is for PyTorch models; a Keras "
+                         "model's gradients travel as one fused buffer per update")
+
+
+# -- data files and devices ------------------------------------------------------------
+
+def expand_files(patterns) -> list:
+    out = []
+    for pattern in patterns:
+        matches = sorted(glob.glob(pattern)) or [pattern]  # a literal name: 'not found' later
+        for path in matches:
+            why = describe_missing(path)
+            if why:  # a directory, or a pattern that matched nothing
+                raise UsageError(f"data file {why}")
+        out.extend(matches)
+    return out
+
+
+def open_files(config: dict, task) -> tuple:
+    """Rank 0 only: check and count the data files; returns (train_files, val_files)."""
+    data = config["data"]
+    train = EventFiles(expand_files(data["files"]), task.keys, task.optional_keys)
+    val = None
+    if data["val_files"]:
+        val = EventFiles(expand_files(data["val_files"]), task.keys, task.optional_keys)
+    check = getattr(task, "check_files", None)
+    for files in (train, val):
+        if check and files is not None:
+            check(files)
+    return train, val
+
+
+def check_devices(ctx, config) -> str:
+    """Every rank picks its device; any rank's problem is reported once by rank 0."""
+    message, device = None, "cpu"
+    per_task = mcomm.gpus_are_per_task(ctx)
+    shared = config["device"]["allow_shared_gpus"] or mcomm.shared_gpus_from_env()
+    try:
+        device = mcomm.choose_device(ctx, config["device"]["type"], shared, per_task=per_task,
+                                     backend=config["train"]["backend"])
+    except UsageError as err:
+        message = f"rank {ctx.rank}: {err}"
+    messages = [m for m in ctx.comm.allgather(message) if m]
+    fail_usage(ctx.comm, messages[0] if messages else None)
+    return device
+
+
+def default_output(config: dict) -> str:
+    name = os.path.splitext(os.path.basename(config["model"].split(":")[0]))[0] or "run"
+    return os.path.join("runs", f"{name}-{time.strftime('%Y%m%d-%H%M%S')}")

@@ -1,15 +1,15 @@
-"""The data-parallel training loop shared by every task and every launch context.
+"""The training driver shared by every task, strategy and launch context.
 
 Order of work, so that bad input is reported before anything expensive starts:
-config (already validated) -> model builder -> data files -> device -> weights broadcast ->
-resume -> epochs. Everything takes the communicator it is given.
+config (already validated) -> model builder -> data files -> device -> strategy set-up
+(weights broadcast) -> resume -> epochs. The driver owns the data, checkpoints, the position,
+stop signals and the epoch record; how ranks combine their updates is the strategy's
+(``strategies.py``), and everything done with an epoch record is a callback (``callbacks.py``).
+Everything takes the communicator it is given.
 """
 from __future__ import annotations
 
 import collections
-import glob
-import itertools
-import math
 import os
 import sys
 import time
@@ -19,67 +19,26 @@ import numpy as np
 import torch
 
 from .. import comm as mcomm
-from .checks import (build_task, check_hparams, check_monitor, check_output, check_precision,
-                     check_run_dir, clear_run_dir, describe_missing, dry_run, remove_stale_temp)
-from ..comm import UsageError, check_on_root, fail_usage
-from ..config import dump
-from ..data.hdf5 import EventFiles, ShardedLoader, eval_batches, split_events
 from .. import preempt
-from ..io import append_jsonl, read_jsonl
 from ..builders import load_builder
-from . import asyncsgd
+from ..comm import check_on_root
+from ..config import dump
+from ..data.hdf5 import EventFiles, ShardedLoader, split_events
+from ..errors import TrainingStopped, UsageError
+from ..io import append_jsonl, read_jsonl
 from . import checkpoint as ckpt
 from . import loggers
+from .callbacks import EarlyStopping, EpochLog, PhysicsValidation
+from .callbacks import HEADLINE_PHYSICS, logged_metrics  # noqa: F401  (their old home)
+from .checks import (build_task, check_devices, check_framework, check_hparams, check_monitor, check_output,
+                     check_precision, check_run_dir, clear_run_dir, default_output, dry_run,
+                     expand_files, open_files, remove_stale_temp)  # noqa: F401
+from .evaluation import evaluate
+from .strategies import EpochContext, make_strategy
 
 
 def _raise(message: str):
     raise UsageError(message)
-
-
-def expand_files(patterns) -> list:
-    out = []
-    for pattern in patterns:
-        matches = sorted(glob.glob(pattern)) or [pattern]  # a literal name: 'not found' later
-        for path in matches:
-            why = describe_missing(path)
-            if why:  # a directory, or a pattern that matched nothing
-                raise UsageError(f"data file {why}")
-        out.extend(matches)
-    return out
-
-
-def _open_files(config: dict, task) -> tuple:
-    """Rank 0 only: check and count the data files; returns (train_files, val_files)."""
-    data = config["data"]
-    train = EventFiles(expand_files(data["files"]), task.keys, task.optional_keys)
-    val = None
-    if data["val_files"]:
-        val = EventFiles(expand_files(data["val_files"]), task.keys, task.optional_keys)
-    check = getattr(task, "check_files", None)
-    for files in (train, val):
-        if check and files is not None:
-            check(files)
-    return train, val
-
-
-def _check_devices(ctx, config) -> str:
-    """Every rank picks its device; any rank's problem is reported once by rank 0."""
-    message, device = None, "cpu"
-    per_task = mcomm.gpus_are_per_task(ctx)
-    shared = config["device"]["allow_shared_gpus"] or mcomm.shared_gpus_from_env()
-    try:
-        device = mcomm.choose_device(ctx, config["device"]["type"], shared, per_task=per_task,
-                                     backend=config["train"]["backend"])
-    except UsageError as err:
-        message = f"rank {ctx.rank}: {err}"
-    messages = [m for m in ctx.comm.allgather(message) if m]
-    fail_usage(ctx.comm, messages[0] if messages else None)
-    return device
-
-
-def default_output(config: dict) -> str:
-    name = os.path.splitext(os.path.basename(config["model"].split(":")[0]))[0] or "run"
-    return os.path.join("runs", f"{name}-{time.strftime('%Y%m%d-%H%M%S')}")
 
 
 class Trainer:
@@ -91,10 +50,9 @@ class Trainer:
         there is one); ``events``: explicit (train, validation) event indices (HPO folds);
         ``deadline``: a time.time() after which training stops with TrainingStopped;
         ``overwrite``: replace an earlier run in ``output``; ``force``: resume although the
-        config changed in what is trained."""
+        config changed in what is trained. ``callbacks`` may be extended before ``fit()``."""
         self.config, self.ctx, self.resume = config, ctx, resume
         self.deadline, self.history = deadline, []
-        self.on_epoch = None  # collective callback(record) -> True to stop (HPO schedulers)
         self.progress = progress and ctx.rank == 0
         comm = ctx.comm
         train = config["train"]
@@ -131,10 +89,11 @@ class Trainer:
             keras.utils.set_random_seed(train["seed"])
         self.task = build_task(builder, config["model"], config["hparams"], comm)
         check_on_root(comm, check_precision, self.task, train["precision"])
+        check_on_root(comm, check_framework, self.task, train)
         self.task.precision = train["precision"]
 
         # 2. the data files, counted once by rank 0
-        files = check_on_root(comm, _open_files, config, self.task)
+        files = check_on_root(comm, open_files, config, self.task)
         meta = comm.bcast(None if files is None else
                           [(f.paths, f.counts, sorted(f.optional_present)) if f else None
                            for f in files], root=0)
@@ -153,10 +112,11 @@ class Trainer:
             self.train_events = np.arange(n)
             self.val_events = np.arange(len(self.val_files)) if self.val_files else np.arange(0)
         self.val_source = self.val_files or self.train_files
-        self.algorithm = train["algorithm"]
-        if self.algorithm != "allreduce" and ctx.size < 2:
-            check_on_root(comm, _raise, f"train.algorithm={self.algorithm} needs at least 2 ranks "
-                                        "(rank 0 is the master, the others train)")
+        self.strategy = make_strategy(train, comm)
+        if ctx.size < self.strategy.min_ranks:
+            check_on_root(comm, _raise, f"train.algorithm={train['algorithm']} needs at least "
+                                        f"{self.strategy.min_ranks} ranks (rank 0 is the master, "
+                                        "the others train)")
         check_on_root(comm, self._make_loader)  # too few events for one global batch?
         self.loader = self._make_loader()
         check_on_root(comm, check_monitor, config, self.task, len(self.val_events) > 0)
@@ -173,8 +133,8 @@ class Trainer:
             dump(config, os.path.join(self.output, "config.yaml"))
         self.log = loggers.Loggers(train["log"], self.output) if ctx.rank == 0 else None
 
-        # 4. devices, weights, optimizers
-        device = _check_devices(ctx, config)
+        # 4. devices, then the strategy: weights broadcast, optimizers wrapped
+        device = check_devices(ctx, config)
         mcomm.bind(ctx, device)
         devices = comm.gather(device, root=0)
         if ctx.rank == 0:
@@ -182,30 +142,39 @@ class Trainer:
             where = ", ".join(f"{d} x{c}" if c > 1 else d for d, c in sorted(counts.items()))
             print(f"mpilearn: {ctx.size} rank(s) on {where}; backend {train['backend']}, "
                   f"precision {train['precision']}", flush=True)
-        self.master = None
-        if self.algorithm == "allreduce":
-            self.task.setup(comm, device, train["backend"], int(train["fusion_mb"] * (1 << 20)))
-        else:
-            self.master = asyncsgd.setup(self.task, comm, device, train)
+        self.strategy.setup(self.task, device)
         self.base_lrs = self.task.learning_rates()
         check_on_root(comm, dry_run, self.task, self.train_files, self.train_events)
         torch.manual_seed(train["seed"] * 1000 + ctx.rank + 1)  # per-rank noise from here on
+        self.callbacks = self._default_callbacks()
 
         # 5. position and running state
         self.epoch, self.step_in_epoch, self.global_step = 0, 0, 0
         self.acc = self._empty_acc()
-        self.best, self.bad_epochs = math.inf, 0
+        self.lr = None
         if resume:
             self._restore()
 
     def _make_loader(self):
         t = self.config["train"]
-        rank, size = self.ctx.rank, self.ctx.size
-        if self.algorithm != "allreduce":  # the workers share the data; the master reads none
-            rank, size = max(rank - 1, 0), size - 1
+        rank, size = self.strategy.shard(self.ctx.rank, self.ctx.size)
         return ShardedLoader(self.train_files, self.train_events, t["batch_size"], rank,
                              size, seed=t["seed"], shuffle=self.config["data"]["shuffle"],
                              prefetch=self.config["data"]["prefetch"], transform=self.task.transform)
+
+    def _default_callbacks(self) -> list:
+        """Physics validation (GAN tasks), the epoch log, early stopping: in this order."""
+        t, rank = self.config["train"], self.ctx.rank
+        out = []
+        if PhysicsValidation.applies(self.task, self.config):
+            events = self.val_events if len(self.val_events) else self.train_events
+            out.append(PhysicsValidation(self.task, self.val_source, events, self.ctx.comm,
+                                         self.output, self.config, self.log))
+        out.append(EpochLog(self.metrics_path, self.log, rank))
+        es = t["early_stopping"]
+        if es["patience"] > 0:
+            out.append(EarlyStopping(es["monitor"], es["patience"], es["min_delta"], rank))
+        return out
 
     @property
     def steps_per_epoch(self) -> int:
@@ -222,7 +191,8 @@ class Trainer:
             factor = 1.0 + (self.ctx.size - 1) * ramp
         lrs = {k: [base * factor for base in bases] for k, bases in self.base_lrs.items()}
         self.task.set_learning_rates(lrs)
-        return next(iter(lrs.values()))[0]
+        self.lr = next(iter(lrs.values()))[0]
+        return self.lr
 
     # -- checkpoints -------------------------------------------------------------------
     @staticmethod
@@ -232,12 +202,14 @@ class Trainer:
 
     def _save(self) -> None:
         rngs = self.ctx.comm.gather(ckpt.rng_state(), root=0)
+        strategy = self.strategy.state_dict()  # collective: other ranks' own state
         if self.ctx.rank != 0:
             return
         state = {"task": self.task.state_dict(), "epoch": self.epoch,
                  "step_in_epoch": self.step_in_epoch, "global_step": self.global_step,
-                 "rng": rngs, "acc": self.acc, "best": self.best, "bad_epochs": self.bad_epochs,
-                 "world_size": self.ctx.size}
+                 "rng": rngs, "acc": self.acc, "world_size": self.ctx.size,
+                 "strategy": strategy,
+                 "callbacks": {cb.name: cb.state_dict() for cb in self.callbacks}}
         ckpt.save(self.ckpt_dir, ckpt.name_for(self.epoch, self.step_in_epoch), state,
                   self.config["train"]["keep_checkpoints"])
 
@@ -260,13 +232,17 @@ class Trainer:
             return
         try:
             self.task.load_state_dict(state["task"])
+            self.strategy.load_state_dict(state.get("strategy") or {})
         except (RuntimeError, KeyError, ValueError) as err:  # alike on every rank
             detail = " ".join(line.strip() for line in str(err).strip().splitlines()[:3])
             raise UsageError(f"--resume: {path} is not a checkpoint of this model and optimizer: "
                              f"{detail}") from None
         self.epoch, self.step_in_epoch = state["epoch"], state["step_in_epoch"]
         self.global_step, self.acc = state["global_step"], state["acc"]
-        self.best, self.bad_epochs = state["best"], state["bad_epochs"]
+        saved = state.get("callbacks", {})
+        for cb in self.callbacks:
+            if saved.get(cb.name):
+                cb.load_state_dict(saved[cb.name])
         self.history = self.ctx.comm.bcast(self._logged_epochs() if self.ctx.rank == 0 else None)
         rngs = state["rng"]
         if len(rngs) == self.ctx.size:
@@ -290,8 +266,6 @@ class Trainer:
     def fit(self) -> dict:
         """Trains to the configured end. A task's TrainingStopped is logged, a stop signal
         (Preempted) checkpoints the exact position; both are then re-raised."""
-        from .tasks import TrainingStopped
-
         try:
             return self._fit()
         except preempt.Preempted as stop:
@@ -313,62 +287,17 @@ class Trainer:
 
     def _fit(self) -> dict:
         t = self.config["train"]
-        every = t["checkpoint_every_steps"]
         last = {}
         stopped = False
         while self.epoch < t["epochs"] and not stopped:
-            bar = None
-            if self.progress:
-                from tqdm import tqdm
-
-                bar = tqdm(total=self.steps_per_epoch, initial=self.step_in_epoch,
-                           desc=f"epoch {self.epoch + 1}/{t['epochs']}", unit="step",
-                           file=sys.stderr, dynamic_ncols=True, leave=False)
-            self.loader.pop_wait()
-            self.task.allreduce_seconds()
-            self._epoch_start = time.perf_counter()
-            lr = self._set_lr()  # also when a resumed epoch has no steps left
-            if self.algorithm != "allreduce":
-                if bar is not None:
-                    bar.close()
-                self._async_epoch()
-                batches = (b for b in ())
-            else:
-                batches = self.loader.batches(self.epoch, self.step_in_epoch)
-            try:
-                for batch in batches:
-                    if self.step_in_epoch >= self.steps_per_epoch:
-                        break
-                    lr = self._set_lr()
-                    losses = self.task.train_step(batch)
-                    for k, v in losses.items():
-                        self.acc["losses"][k] = self.acc["losses"].get(k, 0.0) + v
-                    self.acc["steps"] += 1
-                    self.acc["samples"] += self.loader.global_batch
-                    self.step_in_epoch += 1
-                    self.global_step += 1
-                    if self.log is not None and t["log_every_steps"] \
-                            and self.global_step % t["log_every_steps"] == 0:
-                        self.log.steps(self.global_step, losses)
-                    if bar is not None:
-                        bar.update(1)
-                        bar.set_postfix({k: f"{v:.4g}" for k, v in losses.items()}, refresh=False)
-                    self._check_stop()
-                    if (every and self.global_step % every == 0
-                            and self.step_in_epoch < self.steps_per_epoch):
-                        self._account(self._epoch_start)
-                        self._epoch_start = time.perf_counter()
-                        self._save()
-            finally:
-                batches.close()
-                if bar is not None:
-                    bar.close()
+            self._run_epoch()
             self._account(self._epoch_start)
-            record = self._end_epoch(lr)
+            self.strategy.end_epoch()
+            record = self._epoch_record()
+            self.history.append(record)
+            # every callback runs (none is skipped because an earlier one stops)
+            stopped = any([cb.on_epoch_end(record) for cb in self.callbacks])
             last = record
-            stopped = self._early_stop(record)
-            if self.on_epoch is not None and self.on_epoch(record):
-                stopped = True
             self.epoch += 1
             self.step_in_epoch = 0
             self.acc = self._empty_acc()
@@ -380,44 +309,60 @@ class Trainer:
                   flush=True)
         return last
 
-    def _async_epoch(self) -> None:
-        """One epoch of downpour/easgd; afterwards every rank holds the centre parameters."""
-        from .tasks import TrainingStopped
+    def _run_epoch(self) -> None:
+        """The strategy's epoch from the current position; the position follows it."""
+        t = self.config["train"]
+        self.loader.pop_wait()
+        self.task.allreduce_seconds()
+        self.strategy.pop_seconds()
+        self._epoch_start = time.perf_counter()
+        self._set_lr()  # also when a resumed epoch has no steps left
+        ec = EpochContext(epoch=self.epoch, steps=self.steps_per_epoch, loader=self.loader,
+                          acc=self.acc, batch_size=t["batch_size"], set_lr=self._set_lr,
+                          after_step=self._after_step,
+                          stop_requested=lambda: (preempt.requested() is not None
+                                                  or self._past_deadline()),
+                          step_in_epoch=self.step_in_epoch, global_step=self.global_step)
+        self.bar = None
+        if self.progress and self.strategy.trains:
+            from tqdm import tqdm
 
-        comm, workers = self.ctx.comm, self.ctx.size - 1
-        if self.ctx.rank == 0:
-            stats = self.master.serve_epoch(
-                self.steps_per_epoch * workers,
-                lambda: preempt.requested() is not None or self._past_deadline())
-            done = stats.pop("workers")
-            for w in done:
-                for k, v in w["losses"].items():
-                    self.acc["losses"][k] = self.acc["losses"].get(k, 0.0) + v
-                self.acc["steps"] += w["steps"]
-                self.acc["samples"] += w["samples"]
-            stats["steps_per_worker"] = [w["steps"] for w in done]
-            signalled = stats.pop("preempted") or preempt.requested() is not None
-            reason = next((w["stopped"] for w in done if w.get("stopped")), None)
-            if reason is None and signalled:
-                reason = "preempted"
-            elif reason is None and self._past_deadline():
-                reason = "deadline"
-            self.acc["async"] = stats
-        else:
-            asyncsgd.work_epoch(self, self.task)
-            reason = None
-        reason = comm.bcast(reason, root=0)
-        asyncsgd.broadcast_centre(self.task, comm)
-        if reason == "preempted":  # the interrupted epoch runs again from the centre
-            self.step_in_epoch, self.acc = 0, self._empty_acc()
-            where = preempt.describe() if preempt.requested() else "on another rank"
-            raise preempt.Preempted(f"stop signal ({where})")
-        self.global_step += self.steps_per_epoch
-        if reason == "deadline":
-            raise TrainingStopped("the trial ran past its time limit")
-        if reason is not None:
-            raise TrainingStopped(reason)
-        self.step_in_epoch = self.steps_per_epoch
+            self.bar = tqdm(total=self.steps_per_epoch, initial=self.step_in_epoch,
+                            desc=f"epoch {self.epoch + 1}/{t['epochs']}", unit="step",
+                            file=sys.stderr, dynamic_ncols=True, leave=False)
+        try:
+            self.strategy.run_epoch(ec)
+        finally:
+            if self.bar is not None:
+                self.bar.close()
+            if ec.restart:  # an asynchronous epoch stopped by a signal runs again
+                self.step_in_epoch, self.acc = 0, self._empty_acc()
+            elif ec.finished_steps is not None:
+                self.global_step += ec.finished_steps - self.step_in_epoch
+                self.step_in_epoch = ec.finished_steps
+
+    def _after_step(self, losses: dict) -> None:
+        """After every synchronous step: counters, step logs, the stop check, and the
+        periodic checkpoint."""
+        t = self.config["train"]
+        for k, v in losses.items():
+            self.acc["losses"][k] = self.acc["losses"].get(k, 0.0) + v
+        self.acc["steps"] += 1
+        self.acc["samples"] += self.loader.global_batch
+        self.step_in_epoch += 1
+        self.global_step += 1
+        if self.log is not None and t["log_every_steps"] \
+                and self.global_step % t["log_every_steps"] == 0:
+            self.log.steps(self.global_step, losses)
+        if self.bar is not None:
+            self.bar.update(1)
+            self.bar.set_postfix({k: f"{v:.4g}" for k, v in losses.items()}, refresh=False)
+        self._check_stop()
+        every = t["checkpoint_every_steps"]
+        if every and self.global_step % every == 0 and self.step_in_epoch < self.steps_per_epoch:
+            self._account(self._epoch_start)
+            self._epoch_start = time.perf_counter()
+            self._save()
 
     def _past_deadline(self) -> bool:
         return self.deadline is not None and time.time() > self.deadline
@@ -425,8 +370,6 @@ class Trainer:
     def _check_stop(self) -> None:
         """Collective, after every step: a stop signal on any rank, or the deadline
         (one 4-byte allreduce, no pickling: it is on every step)."""
-        from .tasks import TrainingStopped
-
         MPI = mcomm.mpi()
         flags = np.array([int(preempt.requested() is not None) | int(self._past_deadline()) << 1],
                          dtype=np.int32)
@@ -439,34 +382,21 @@ class Trainer:
 
     def _account(self, start: float) -> None:
         wall = time.perf_counter() - start
-        comm_s, data_s = self.task.allreduce_seconds(), self.loader.pop_wait()
+        comm_s = self.task.allreduce_seconds() + self.strategy.pop_seconds()
+        data_s = self.loader.pop_wait()
         self.acc["seconds"] += wall
         self.acc["allreduce"] += comm_s
         self.acc["data"] += data_s
         self.acc["compute"] += max(0.0, wall - comm_s - data_s)
 
     def evaluate(self) -> dict:
-        """Validation metrics averaged across ranks, over all validation events or, with
-        ``train.max_steps_per_epoch``, at most that many batches per rank (as training);
-        ``val_events`` says how many were evaluated."""
-        if len(self.val_events) == 0:
-            return {}
-        sums, count = {}, 0
-        cap = self.config["train"]["max_steps_per_epoch"]
-        batches = eval_batches(self.val_source, self.val_events,
-                               self.config["train"]["batch_size"], self.ctx.rank,
-                               self.ctx.size, self.task.transform)
-        for batch in itertools.islice(batches, cap if cap > 0 else None):
-            for k, v in self.task.eval_batch(batch).items():
-                sums[k] = sums.get(k, 0.0) + v
-            count += len(next(iter(batch.values())))
-        names = sorted(set().union(*self.ctx.comm.allgather(set(sums))))
-        vec = np.array([sums.get(k, 0.0) for k in names] + [count], dtype=np.float64)
-        total = self.ctx.comm.allreduce(vec)
-        return {**{f"val_{k}": float(total[i] / max(total[-1], 1)) for i, k in enumerate(names)},
-                "val_events": int(total[-1])}
+        """Validation metrics averaged across ranks (``evaluation.evaluate``)."""
+        return evaluate(self.task, self.val_source, self.val_events,
+                        self.config["train"]["batch_size"], self.ctx.comm,
+                        self.config["train"]["max_steps_per_epoch"])
 
-    def _end_epoch(self, lr: float) -> dict:
+    def _epoch_record(self) -> dict:
+        """The epoch's training losses (global means), validation and time split."""
         comm, acc = self.ctx.comm, self.acc
         names = sorted(set().union(*comm.allgather(set(acc["losses"]))))
         local = np.array([acc["losses"].get(k, 0.0) for k in names] + [acc["steps"]],
@@ -476,71 +406,10 @@ class Trainer:
         val = self.evaluate()
         split = {k: round(acc[k], 4) for k in ("compute", "allreduce", "data", "seconds")}
         per_rank = comm.gather(split, root=0)
-        record = {"epoch": self.epoch + 1, "step": self.global_step, "lr": lr,
+        record = {"epoch": self.epoch + 1, "step": self.global_step, "lr": self.lr,
                   **{f"train_{k}": v for k, v in train.items()}, **val,
                   "samples_per_s": acc["samples"] / acc["seconds"] if acc["seconds"] else None,
                   "time": split, "time_per_rank": per_rank, "ranks": self.ctx.size}
         if "async" in acc:
             record["async"] = acc["async"]
-        record.update(self._physics())
-        self.history.append(record)
-        if self.ctx.rank == 0:
-            append_jsonl(self.metrics_path, record)
-            self.log.epoch(record)
-            shown = {k: (round(v, 5) if isinstance(v, float) else v) for k, v in record.items()
-                     if k.startswith(("train_", "val_")) or k in HEADLINE_PHYSICS or k == "samples_per_s"}
-            print(f"epoch {record['epoch']}: {shown}", flush=True)
         return record
-
-    def _physics(self) -> dict:
-        """Physics score of generated vs validation showers, every validate_every epochs."""
-        every = self.config["train"]["validate_every"]
-        if not every or (self.epoch + 1) % every or not hasattr(self.task, "generate"):
-            return {}
-        from ..physics import validate_task
-
-        events = self.val_events if len(self.val_events) else self.train_events
-        folder = os.path.join(self.output, "validation", f"epoch{self.epoch + 1:04d}")
-        title = f"run {os.path.basename(os.path.abspath(self.output))} epoch {self.epoch + 1}"
-        result = validate_task(self.task, self.val_source, events, self.ctx.comm, folder,
-                               self.config["train"]["physics_events"], title=title)
-        if self.log is not None and result.get("plots"):
-            self.log.images(self.epoch + 1, result["plots"])
-        return {k if k in HEADLINE_PHYSICS else f"physics_{k}": v for k, v in result.items()
-                if not isinstance(v, (list, dict))}
-
-    def _early_stop(self, record: dict) -> bool:
-        es = self.config["train"]["early_stopping"]
-        if es["patience"] <= 0:
-            return False
-        value = record.get(es["monitor"])
-        if value is None:
-            raise UsageError(f"train.early_stopping.monitor '{es['monitor']}' is not a logged "
-                             f"metric (have: {', '.join(sorted(record))})")
-        if value < self.best - es["min_delta"]:
-            self.best, self.bad_epochs = value, 0
-        else:
-            self.bad_epochs += 1
-        if self.bad_epochs >= es["patience"]:
-            if self.ctx.rank == 0:
-                print(f"mpilearn: early stopping: {es['monitor']} has not improved for "
-                      f"{self.bad_epochs} epoch(s)", flush=True)
-            return True
-        return False
-
-
-# the physics validation's three numbers, logged under their own names (their terms and the
-# per-bin values as physics_*)
-HEADLINE_PHYSICS = ("score", "reference_metric", "sampling_fraction_mre")
-
-
-def logged_metrics(task, config: dict) -> set:
-    """Names every epoch record of ``task`` will carry (checked before an HPO sweep starts)."""
-    names = {"epoch", "step", "lr", "samples_per_s"}
-    names |= {f"train_{k}" for k in getattr(task, "loss_names", ())}
-    names |= {f"val_{k}" for k in getattr(task, "val_names", ())}
-    if config["train"]["validate_every"] and hasattr(task, "generate"):
-        terms = ["moments", "profiles"] + (["angle"] if getattr(task, "variant", "") == "angle" else [])
-        names |= set(HEADLINE_PHYSICS) | {"physics_sampling_fraction_mre_error"}
-        names |= {f"physics_{p}{t}" for p in ("", "reference_") for t in terms}
-    return names

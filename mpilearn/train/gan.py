@@ -51,14 +51,19 @@ def _mape(label, pred):
     return 100.0 * (label - pred).abs() / label.abs().clamp_min(1e-7)
 
 
-class GANTask(Task):
-    def __init__(self, generator: torch.nn.Module, discriminator: torch.nn.Module,
-                 g_optimizer, d_optimizer, variant: str = "angle",
-                 loss_weights: Optional[Sequence[float]] = None, label_flip: float = 0.05,
-                 angle_key: str = "mtheta", seed: int = 0, dtype=torch.float32):
-        self.generator, self.discriminator = generator.to(dtype), discriminator.to(dtype)
-        self.dtype = dtype
-        self.g_opt, self.d_opt = g_optimizer, d_optimizer
+class GANProtocol:
+    """The framework-neutral half of the 3DGAN protocol, shared by the PyTorch
+    (:class:`GANTask`) and Keras (``keras_tasks.KerasGANTask``) tasks: loss weights and names,
+    data keys and preprocessing, the per-event draws, the fake batches' conditions, the
+    global-batch scale, the reported means and the guards. Each framework writes only its four
+    updates, evaluation and generation."""
+
+    generator = discriminator = g_opt = d_opt = None
+
+    def _init_protocol(self, variant: str, loss_weights, label_flip: float, angle_key: str,
+                       seed: int) -> None:
+        if variant not in TERMS:
+            raise ValueError(f"variant must be angle or fixed, got {variant!r}")
         self.variant = variant
         weights = list(DEFAULT_WEIGHTS[variant])
         if isinstance(loss_weights, dict):  # {index: weight} overrides, e.g. from an HPO space
@@ -66,10 +71,10 @@ class GANTask(Task):
                 weights[int(i)] = w
         elif loss_weights:
             weights = list(loss_weights)
-        self.weights = torch.tensor(weights, dtype=dtype)
-        if len(self.weights) != len(TERMS[variant]):
+        if len(weights) != len(TERMS[variant]):
             raise ValueError(f"loss_weights needs {len(TERMS[variant])} values for the {variant} "
-                             f"model ({', '.join(TERMS[variant])}), got {len(self.weights)}")
+                             f"model ({', '.join(TERMS[variant])}), got {len(weights)}")
+        self.weight_values = [float(w) for w in weights]
         self.label_flip, self.seed = label_flip, seed
         self.preprocess = Preprocess(variant, angle_key)
         self.keys = ["ECAL", "energy"] if variant == "angle" else ["ECAL"]
@@ -82,17 +87,11 @@ class GANTask(Task):
         self.empty_batches = 0  # consecutive batches with empty generated images
         self.comm = None
 
-    # -- Task interface ----------------------------------------------------------------
     def models(self):
         return {"generator": self.generator, "discriminator": self.discriminator}
 
     def optimizers(self):
         return {"generator": self.g_opt, "discriminator": self.d_opt}
-
-    def setup(self, comm, device, backend, fusion_bytes, distributed=True):
-        super().setup(comm, device, backend, fusion_bytes, distributed)
-        self.comm = comm
-        self.weights = self.weights.to(device)
 
     def transform(self, batch):
         return self.preprocess(batch)
@@ -101,7 +100,7 @@ class GANTask(Task):
         """Rank 0, before training: shapes, energy key and finite cells in each file."""
         import h5py
 
-        from ..comm import UsageError
+        from ..errors import UsageError
 
         shape = GEOMETRY[self.variant]["shape"]
         for path in files.paths:
@@ -117,12 +116,10 @@ class GANTask(Task):
                 if not np.isfinite(head).all():
                     raise UsageError(f"{path}: dataset 'ECAL' has NaN or infinite cells")
 
-    def state_dict(self):
-        return {**super().state_dict(), "gan": {"steps": self.steps,
-                                                "empty_batches": self.empty_batches}}
+    def _gan_state(self) -> dict:
+        return {"gan": {"steps": self.steps, "empty_batches": self.empty_batches}}
 
-    def load_state_dict(self, state):
-        super().load_state_dict(state)
+    def _load_gan_state(self, state: dict) -> None:
         self.steps = state["gan"]["steps"]
         self.empty_batches = state["gan"]["empty_batches"]
 
@@ -153,6 +150,65 @@ class GANTask(Task):
             return energy, angle, ecal
         return sampled[k], None, ecal_fit(sampled[k])
 
+    def _begin_step(self, batch):
+        """Event counts, the global-batch loss scale and this step's draws (one step on)."""
+        n_local = len(batch["energy"])
+        size = self.comm.Get_size() if self.comm is not None else 1
+        n_global = self.comm.allreduce(n_local) if size > 1 else n_local
+        flips, noise, sampled = self._draws(batch["_index"], self.steps)
+        self.steps += 1
+        return n_local, n_global, size / max(n_global, 1), flips, noise, sampled
+
+    def _report(self, sums, n_global: int) -> Dict[str, float]:
+        """Global-batch means of every term (one small allreduce), and the empty-image guard;
+        ``sums`` (4 updates x terms, summed over local events) as a tensor or an array."""
+        local = np.asarray(sums.cpu() if hasattr(sums, "cpu") else sums, np.float64).reshape(-1)
+        total = self.comm.allreduce(local) if self.comm is not None and self.comm.Get_size() > 1 else local
+        means = total.reshape(4, -1) / max(n_global, 1)
+        w = np.asarray(self.weight_values, np.float64)
+        names = TERMS[self.variant]
+        out = {"d_loss": float((means[0] @ w + means[1] @ w) / 2),
+               "g_loss": float((means[2] @ w + means[3] @ w) / 2)}
+        g_terms = (means[2] + means[3]) / 2
+        out.update({f"g_{n}": float(v) for n, v in zip(names, g_terms)})
+        out.update({"d_real": float(means[0] @ w), "d_fake": float(means[1] @ w)})
+        if not np.isfinite(means).all():
+            raise TrainingStopped(f"a loss is NaN or infinite: {out}")
+        # the guard reads the ecal term (the reference read the angle term by mistake)
+        # empty images have a cell sum of 0: a MAPE of exactly 100 %
+        self.empty_batches = self.empty_batches + 1 if abs(g_terms[-1] - 100.0) < 1e-3 else 0
+        if self.empty_batches >= EMPTY_GUARD_BATCHES:
+            raise TrainingStopped(f"the generator emitted empty images for {self.empty_batches} "
+                                  f"batches in a row (ecal MAPE {g_terms[-1]:.2f} %)")
+        return out
+
+
+class GANTask(GANProtocol, Task):
+    """The 3DGAN protocol with PyTorch models: the four updates of a batch, evaluation and
+    generation."""
+
+    def __init__(self, generator: torch.nn.Module, discriminator: torch.nn.Module,
+                 g_optimizer, d_optimizer, variant: str = "angle",
+                 loss_weights: Optional[Sequence[float]] = None, label_flip: float = 0.05,
+                 angle_key: str = "mtheta", seed: int = 0, dtype=torch.float32):
+        self._init_protocol(variant, loss_weights, label_flip, angle_key, seed)
+        self.generator, self.discriminator = generator.to(dtype), discriminator.to(dtype)
+        self.dtype = dtype
+        self.g_opt, self.d_opt = g_optimizer, d_optimizer
+        self.weights = torch.tensor(self.weight_values, dtype=dtype)
+
+    def setup(self, comm, device, backend, fusion_bytes, distributed=True):
+        super().setup(comm, device, backend, fusion_bytes, distributed)
+        self.comm = comm
+        self.weights = self.weights.to(device)
+
+    def state_dict(self):
+        return {**super().state_dict(), **self._gan_state()}
+
+    def load_state_dict(self, state):
+        super().load_state_dict(state)
+        self._load_gan_state(state)
+
     def latent_input(self, noise, energy, angle):
         if self.variant == "angle":
             return torch.cat([energy[:, None], angle[:, None], noise], dim=1)
@@ -178,15 +234,6 @@ class GANTask(Task):
         loss.backward()
         guarded_step(opt, "3DGAN update")
         return terms.detach().sum(0)
-
-    def _begin_step(self, batch):
-        """Event counts, the global-batch loss scale and this step's draws (one step on)."""
-        n_local = len(batch["energy"])
-        size = self.comm.Get_size() if self.comm is not None else 1
-        n_global = self.comm.allreduce(n_local) if size > 1 else n_local
-        flips, noise, sampled = self._draws(batch["_index"], self.steps)
-        self.steps += 1
-        return n_local, n_global, size / max(n_global, 1), flips, noise, sampled
 
     def train_step(self, batch) -> Dict[str, float]:
         G, D = self.generator, self.discriminator
@@ -235,28 +282,6 @@ class GANTask(Task):
             finally:
                 D.requires_grad_(True)
         return self._report(sums, n_global)
-
-    def _report(self, sums: torch.Tensor, n_global: int) -> Dict[str, float]:
-        """Global-batch means of every term (one small allreduce), and the empty-image guard."""
-        local = sums.cpu().double().numpy().reshape(-1)
-        total = self.comm.allreduce(local) if self.comm is not None and self.comm.Get_size() > 1 else local
-        means = total.reshape(4, -1) / max(n_global, 1)
-        w = self.weights.cpu().double().numpy()
-        names = TERMS[self.variant]
-        out = {"d_loss": float((means[0] @ w + means[1] @ w) / 2),
-               "g_loss": float((means[2] @ w + means[3] @ w) / 2)}
-        g_terms = (means[2] + means[3]) / 2
-        out.update({f"g_{n}": float(v) for n, v in zip(names, g_terms)})
-        out.update({"d_real": float(means[0] @ w), "d_fake": float(means[1] @ w)})
-        if not np.isfinite(means).all():
-            raise TrainingStopped(f"a loss is NaN or infinite: {out}")
-        # the guard reads the ecal term (the reference read the angle term by mistake)
-        # empty images have a cell sum of 0: a MAPE of exactly 100 %
-        self.empty_batches = self.empty_batches + 1 if abs(g_terms[-1] - 100.0) < 1e-3 else 0
-        if self.empty_batches >= EMPTY_GUARD_BATCHES:
-            raise TrainingStopped(f"the generator emitted empty images for {self.empty_batches} "
-                                  f"batches in a row (ecal MAPE {g_terms[-1]:.2f} %)")
-        return out
 
     # -- evaluation and generation -----------------------------------------------------
     @torch.no_grad()

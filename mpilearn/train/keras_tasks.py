@@ -15,7 +15,9 @@ import keras
 import numpy as np
 
 from .. import keras as mkeras
-from .gan import GANTask
+from ..errors import TrainingStopped
+from ..keras.optimizer import NONFINITE
+from .gan import GANProtocol
 from .tasks import SupervisedTask, Task
 
 
@@ -51,6 +53,7 @@ class KerasTask(Task):
             mkeras.broadcast_variables(opt.variables, 0, comm)
             if distributed:
                 mkeras.DistributedOptimizer(opt, comm=comm)
+                opt._mpilearn_guard = True  # the engine's tasks stop on non-finite gradients
 
     def _variables_of(self, optimizer_name: str) -> list:
         """What an optimizer updates: the model of the same name (tasks that name them
@@ -87,8 +90,8 @@ class KerasTask(Task):
     # -- one optimizer step with gradients from the backend ---------------------------
     def _step(self, model, optimizer, loss_fn: Callable):
         """``loss_fn()`` returns the loss, or (loss, extra); the gradients w.r.t. ``model``'s
-        trainable variables, averaged over ranks, update it. Returns the loss (or extra) as
-        numpy."""
+        trainable variables, averaged over ranks, update it. Returns the loss (or extra) as a
+        backend tensor (a graph tensor inside a ``tf.function``)."""
         variables = model.trainable_variables
         if keras.backend.backend() == "tensorflow":
             import tensorflow as tf
@@ -107,7 +110,7 @@ class KerasTask(Task):
             with torch.no_grad():
                 optimizer.apply([v.value.grad for v in variables], variables)
         out = result[1] if isinstance(result, tuple) else result
-        return np.asarray(keras.ops.convert_to_numpy(keras.ops.stop_gradient(out)))
+        return keras.ops.stop_gradient(out)
 
 
 class KerasSupervisedTask(KerasTask, SupervisedTask):
@@ -142,7 +145,7 @@ class KerasSupervisedTask(KerasTask, SupervisedTask):
             y = y[:, None]
         value = self._step(self.model, self.optimizer,
                            lambda: self.loss(y, self.model(x, training=True)))
-        return {"loss": float(value)}
+        return {"loss": float(keras.ops.convert_to_numpy(value))}
 
     def eval_batch(self, batch):
         x, y = self._xs(batch), np.asarray(batch[self.target], dtype="float32")
@@ -156,41 +159,35 @@ class KerasSupervisedTask(KerasTask, SupervisedTask):
         return out
 
 
-class KerasGANTask(KerasTask, GANTask):
-    """The 3DGAN protocol of :class:`~mpilearn.train.gan.GANTask` (2 D + 2 G updates per batch,
-    global-batch loss scaling, per-event noise and label flips, the guards) with Keras models:
-    one gradient tape per update, four per batch, as in the reference TF2 loop."""
+class KerasGANTask(GANProtocol, KerasTask):
+    """The 3DGAN protocol (:class:`~mpilearn.train.gan.GANProtocol`: 2 D + 2 G updates per
+    batch, global-batch loss scaling, per-event noise and label flips, the guards) with Keras
+    models: one gradient tape per update, four per batch, as in the reference TF2 loop."""
 
     def __init__(self, generator, discriminator, g_optimizer, d_optimizer, variant: str = "angle",
                  loss_weights=None, label_flip: float = 0.05, angle_key: str = "mtheta",
                  seed: int = 0):
-        import torch
-
-        dummy = torch.nn.Linear(1, 1)  # GANTask's set-up needs modules; replaced below
-        GANTask.__init__(self, dummy, dummy, None, None, variant, loss_weights, label_flip,
-                         angle_key, seed)
+        self._init_protocol(variant, loss_weights, label_flip, angle_key, seed)
         self.generator, self.discriminator = generator, discriminator
         self.g_opt, self.d_opt = g_optimizer, d_optimizer
-        self.kweights = np.asarray(self.weights.numpy(), dtype="float32")
-
-    models = GANTask.models
-    optimizers = GANTask.optimizers
+        self.kweights = np.asarray(self.weight_values, dtype="float32")
+        self.compiled = True  # TensorFlow: the four updates as one tf.function
+        self._tf_updates = None
 
     def setup(self, comm, device, backend, fusion_bytes, distributed=True):
-        KerasTask.setup(self, comm, device, backend, fusion_bytes, distributed)
+        super().setup(comm, device, backend, fusion_bytes, distributed)
         self.comm = comm
 
     def state_dict(self):
-        return {**KerasTask.state_dict(self), "gan": {"steps": self.steps,
-                                                      "empty_batches": self.empty_batches}}
+        return {**super().state_dict(), **self._gan_state()}
 
     def load_state_dict(self, state):
-        KerasTask.load_state_dict(self, state)
-        self.steps, self.empty_batches = state["gan"]["steps"], state["gan"]["empty_batches"]
+        super().load_state_dict(state)
+        self._load_gan_state(state)
 
     def latent_input(self, noise, energy, angle):
         if self.variant == "angle":
-            return np.concatenate([energy[:, None], angle[:, None], noise], axis=1)
+            return keras.ops.concatenate([energy[:, None], angle[:, None], noise], axis=1)
         return energy[:, None] * noise
 
     def _kterms(self, outputs, label, energy, angle, ecal):
@@ -217,37 +214,62 @@ class KerasGANTask(KerasTask, GANTask):
         return self._step(model, opt, loss)
 
     def train_step(self, batch):
-        import torch
-
+        """The batch's four updates: on TensorFlow one compiled ``tf.function`` (the allreduce
+        runs inside it, as a stateful op in program order), elsewhere eagerly."""
         G, D = self.generator, self.discriminator
         n_local, n_global, scale, flips, noise, sampled = self._begin_step(batch)
-        sums = np.zeros((4, len(self.kweights)))
         if n_local == 0:  # all events filtered here: take part in the allreduces with zeros
             for model, opt in ((D, self.d_opt), (D, self.d_opt), (G, self.g_opt), (G, self.g_opt)):
                 v = model.trainable_variables
                 opt.apply([keras.ops.zeros_like(x) for x in v], v)
-            return self._report(torch.from_numpy(sums), n_global)
-        real = np.asarray(batch["images"], dtype="float32")[..., None]
-        energy = np.asarray(batch["energy"], dtype="float32")
-        ecal = np.asarray(batch["ecal"], dtype="float32")
-        angle = np.asarray(batch["angle"], dtype="float32") if self.variant == "angle" else None
-        targets = (energy, angle, ecal)
+            return self._report(np.zeros((4, len(self.kweights))), n_global)
         flip = flips < self.label_flip
-        ones, zeros = np.ones(n_local, "float32"), np.zeros(n_local, "float32")
-        # 1. D on the real batch; 2. D on a fake batch from G in inference mode
-        sums[0] = self._update(D, self.d_opt, lambda: D(real, training=True),
-                               np.where(flip[:, 0], zeros, ones), targets, scale)
+        inputs = (np.asarray(batch["images"], dtype="float32")[..., None],
+                  np.asarray(batch["energy"], dtype="float32"),
+                  np.asarray(batch["ecal"], dtype="float32"),
+                  np.asarray(batch["angle"] if self.variant == "angle" else batch["energy"],
+                             dtype="float32"),  # (the 25x25x25 model has no angle)
+                  np.where(flip[:, 0], 0.0, 1.0).astype("float32"),  # D on real: label 1
+                  np.where(flip[:, 1], 1.0, 0.0).astype("float32"),  # D on fake: label 0
+                  noise, sampled, np.float32(scale))
+        if self.compiled and keras.backend.backend() == "tensorflow":
+            sums = self._compiled_updates(*inputs)
+        else:
+            sums = self._four_updates(*inputs)
+        return self._report(np.asarray(keras.ops.convert_to_numpy(sums), np.float64), n_global)
+
+    def _four_updates(self, real, energy, ecal, angle, label_real, label_fake, noise, sampled,
+                      scale):
+        """D on the real batch, D on a fake batch from G in inference mode, then G twice through
+        D (only G's variables are updated) with label "real"; returns the (4, terms) sums."""
+        G, D = self.generator, self.discriminator
+        targets = (energy, angle if self.variant == "angle" else None, ecal)
+        sums = [self._update(D, self.d_opt, lambda: D(real, training=True), label_real,
+                             targets, scale)]
         fake_targets = self.fake_conditions(0, *targets, sampled)
         fake = G(self.latent_input(noise[0], *fake_targets[:2]), training=False)
-        sums[1] = self._update(D, self.d_opt, lambda: D(fake, training=True),
-                               np.where(flip[:, 1], ones, zeros), fake_targets, scale)
-        # 3-4. G twice through D (only G's variables are updated), label "real"
+        sums.append(self._update(D, self.d_opt, lambda: D(fake, training=True), label_fake,
+                                 fake_targets, scale))
+        ones = keras.ops.ones_like(label_real)
         for j in (2, 3):
             g_targets = self.fake_conditions(j - 1, *targets, sampled)
             z = self.latent_input(noise[j - 1], *g_targets[:2])
-            sums[j] = self._update(G, self.g_opt, lambda: D(G(z, training=True), training=True),
-                                   ones, g_targets, scale)
-        return self._report(torch.from_numpy(sums), n_global)
+            sums.append(self._update(G, self.g_opt, lambda: D(G(z, training=True), training=True),
+                                     ones, g_targets, scale))
+        return keras.ops.stack(sums)
+
+    def _compiled_updates(self, *inputs):
+        import tensorflow as tf
+
+        if self._tf_updates is None:  # one trace; the batch dimension may vary (filtered events)
+            self._tf_updates = tf.function(self._four_updates, reduce_retracing=True,
+                                           autograph=False)
+        try:
+            return self._tf_updates(*inputs)
+        except tf.errors.InvalidArgumentError as err:  # the graph's finite-gradient check
+            if NONFINITE in str(err):
+                raise TrainingStopped(f"{NONFINITE} (Keras 3DGAN update)") from None
+            raise
 
     def generate(self, energy_label, angle, index):
         _, noise, _ = self._draws(index, 0, purpose=1)

@@ -17,7 +17,7 @@ import io
 import os
 from typing import Dict, List
 
-from ..comm import UsageError
+from ..errors import UsageError
 from ..io import atomic_write_text
 
 KINDS = ("jsonl", "tensorboard", "csv", "mlflow")

@@ -15,9 +15,7 @@ import torch
 from .. import torch as mtorch
 
 
-class TrainingStopped(Exception):
-    """Training cannot usefully continue: a loss is NaN/inf, or the generator only emits
-    empty images. Raised alike on every rank (decided on globally reduced values)."""
+from ..errors import TrainingStopped  # noqa: F401  (raised by the tasks' guards)
 
 
 class Task:

@@ -1,0 +1,58 @@
+"""The exceptions mpilearn raises, and the one place that turns them into exit statuses.
+
+Library code raises; only the ``main()`` functions call :func:`exit_status`. The statuses:
+
+=====  =====================================================================================
+2      bad input (:class:`UsageError`): one message, from rank 0, before expensive work
+3      training cannot usefully continue (:class:`TrainingStopped`): NaN, empty generator,
+       a trial past its time limit; the last good state is checkpointed
+75     stopped by a signal (``preempt.Preempted``): checkpointed, run again with
+       ``--resume auto`` (``preempt.REQUEUE_EXIT``)
+=====  =====================================================================================
+"""
+from __future__ import annotations
+
+import sys
+
+USAGE_EXIT = 2
+STOPPED_EXIT = 3
+
+
+class UsageError(Exception):
+    """Bad input from the user: reported once by rank 0, exit status 2. Raised alike on every
+    rank (the checks run on rank 0 and their verdict is broadcast). ``quiet``: this process
+    must not print it (another process already does)."""
+
+    def __init__(self, message: str, quiet: bool = False):
+        super().__init__(message)
+        self.quiet = quiet
+
+
+class TrainingStopped(Exception):
+    """Training cannot usefully continue: a loss or gradient is NaN/inf, the generator only
+    emits empty images, or the time limit passed. Raised alike on every rank (decided on
+    globally reduced values)."""
+
+
+def exit_status(err: BaseException, rank: int = 0) -> int:
+    """The exit status for ``err``, after rank 0 printed its one line; an exception that is
+    not one of mpilearn's is re-raised with its traceback (the job's abort handler ends every
+    rank with it)."""
+    from .preempt import REQUEUE_EXIT, Preempted
+
+    if isinstance(err, Preempted):
+        return REQUEUE_EXIT
+    if isinstance(err, TrainingStopped):
+        _say(rank, f"mpilearn: training stopped: {err}")
+        return STOPPED_EXIT
+    if isinstance(err, UsageError):
+        if not err.quiet:
+            _say(rank, f"mpilearn: error: {err}")
+        return USAGE_EXIT
+    raise err
+
+
+def _say(rank: int, line: str) -> None:
+    if rank == 0:
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()

@@ -1,0 +1,28 @@
+"""Validation: a task's eval_batch over held-out events, averaged over every rank's share."""
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+
+from ..data.hdf5 import eval_batches
+
+
+def evaluate(task, source, events, batch_size: int, comm, cap: int = 0) -> dict:
+    """Validation metrics averaged across ranks, over all ``events`` of ``source`` or, with
+    ``cap`` > 0 (``train.max_steps_per_epoch``), at most that many batches per rank (as
+    training); ``val_events`` says how many were evaluated. Collective."""
+    if len(events) == 0:
+        return {}
+    sums, count = {}, 0
+    batches = eval_batches(source, events, batch_size, comm.Get_rank(), comm.Get_size(),
+                           task.transform)
+    for batch in itertools.islice(batches, cap if cap > 0 else None):
+        for k, v in task.eval_batch(batch).items():
+            sums[k] = sums.get(k, 0.0) + v
+        count += len(next(iter(batch.values())))
+    names = sorted(set().union(*comm.allgather(set(sums))))
+    vec = np.array([sums.get(k, 0.0) for k in names] + [count], dtype=np.float64)
+    total = comm.allreduce(vec)
+    return {**{f"val_{k}": float(total[i] / max(total[-1], 1)) for i, k in enumerate(names)},
+            "val_events": int(total[-1])}
