@@ -64,6 +64,28 @@ def test_three_workers_reach_the_allreduce_validation_loss(toy_file, tmp_path):
         assert min(losses[name]) <= 2.0 * target, losses
 
 
+@pytest.mark.parametrize("model", ["mlp.py", "keras_mlp.py"])
+def test_easgd_with_one_worker_resumes_at_the_epoch_boundary_exactly(model, toy_file, tmp_path):
+    """One worker makes EASGD deterministic: 1 epoch + --resume to 2 must equal 2 epochs. The
+    checkpoint restores the centre, the master's and the worker's optimizer states (a Keras
+    optimizer's host copies included)."""
+    model = f"{REPO}/models/{model}"
+    sets = ("train.algorithm=easgd", "train.sync_every=2", "train.max_steps_per_epoch=12")
+    whole, cut = str(tmp_path / "whole"), str(tmp_path / "cut")
+    env = {"TF_CPP_MIN_LOG_LEVEL": "2"}
+    proc = mpirun(2, args(toy_file, whole, "train.epochs=2", *sets, model=model), env=env)
+    assert proc.returncode == 0, proc.stderr
+    proc = mpirun(2, args(toy_file, cut, "train.epochs=1", *sets, model=model), env=env)
+    assert proc.returncode == 0, proc.stderr
+    proc = mpirun(2, args(toy_file, cut, "train.epochs=2", *sets, model=model) + ["--resume"],
+                  env=env)
+    assert proc.returncode == 0 and "resumed from" in proc.stdout, proc.stderr
+    want, got = weights(whole), weights(cut)
+    pairs = zip(got.values(), want.values()) if isinstance(want, dict) else zip(got, want)
+    for a, b in pairs:
+        torch.testing.assert_close(torch.as_tensor(a), torch.as_tensor(b), rtol=1e-6, atol=1e-7)
+
+
 def test_a_5x_slower_worker_does_not_hold_back_the_fast_one(toy_file, tmp_path):
     out = str(tmp_path / "straggler")
     proc = mpirun(3, args(toy_file, out, "train.epochs=1", "train.algorithm=downpour",

@@ -1,7 +1,7 @@
 """Local SGD (train.algorithm: local_sgd), the strategy added to show that a new algorithm is
 one class: it computes what allreduce does when it averages every step, its ranks agree at
 each epoch's end, and a kill -9 between two averages resumes exactly (per-rank optimizer
-states are checkpointed)."""
+states are checkpointed); Keras models are averaged through their adapter."""
 import os
 
 import torch
@@ -77,3 +77,20 @@ def test_local_sgd_kill9_between_averages_then_resume_matches_uninterrupted(toy_
     assert got["epoch"] == want["epoch"] == 2
     for k, v in want["task"]["models"]["model"].items():
         torch.testing.assert_close(got["task"]["models"]["model"][k], v, rtol=0, atol=0)
+
+
+def test_local_sgd_averages_keras_models_through_their_adapter(toy_file, tmp_path):
+    out = str(tmp_path / "keras")
+    proc = mpirun(2, train_args("--set", f"model={REPO}/models/keras_mlp.py",
+                                "--set", f"data.files=[{toy_file}]", "--set", "train.batch_size=16",
+                                "--set", "train.epochs=1", "--set", "train.max_steps_per_epoch=10",
+                                "--set", "train.algorithm=local_sgd", "--set", "train.sync_every=3",
+                                "--output", out), env={"TF_CPP_MIN_LOG_LEVEL": "2"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    state = last_state(out)
+    mine, other = state["task"], state["strategy"]["ranks"][1]
+    for a, b in zip(mine["models"]["model"], other["models"]["model"]):
+        torch.testing.assert_close(b, a, rtol=0, atol=0)  # averaged at the epoch's end
+    # Adam's moments are each rank's own (after 10 steps on different data)
+    assert any(not torch.equal(a, b) for a, b in zip(mine["optimizers"]["optimizer"],
+                                                     other["optimizers"]["optimizer"]))

@@ -1,14 +1,17 @@
 """Framework adapters: what the training strategies need from PyTorch or Keras, and nothing
 more. A strategy (``strategies.py``) talks to tensors through an adapter, never to a framework.
 
-=====================  ===============================================================
-``tensors(opt)``       torch tensors of what ``opt`` updates (Keras: host copies)
-``refresh(opt, ts)``   the copies take the variables' current values (no-op for torch)
-``write(opt, ts)``     the variables take the copies' values (no-op for torch)
-``apply(opt, grads)``  one optimizer step with the given gradients
-``broadcast(task)``    rank 0's weights and optimizer state to every rank
-``hook_step(opt, w)``  the optimizer's step calls ``w.before_step(grads)`` / ``w.after_step()``
-=====================  ===============================================================
+=========================  ===========================================================
+``tensors(opt)``           torch tensors of what ``opt`` updates (Keras: host copies)
+``refresh(opt, ts)``       the copies take the variables' current values (no-op for torch)
+``write(opt, ts)``         the variables take the copies' values (no-op for torch)
+``model_tensors(task)``    every model's weights and float buffers, as torch tensors
+``write_models(task, v)``  the models' weights and buffers take the values ``v``
+``apply(opt, grads)``      one optimizer step with the given gradients
+``broadcast(task)``        rank 0's weights and optimizer state to every rank
+``hook_step(opt, w)``      the optimizer's step calls ``w.before_step(grads)`` and
+                           ``w.after_step()``
+=========================  ===========================================================
 """
 from __future__ import annotations
 
@@ -35,8 +38,10 @@ class TorchAdapter:
     def write(self, opt, tensors) -> None:
         pass
 
-    def write_models(self, task, tensors) -> None:
-        pass
+    def write_models(self, task, values) -> None:
+        with torch.no_grad():
+            for t, v in zip(self.model_tensors(task), values):
+                t.copy_(v)
 
     def apply(self, opt, grads) -> None:
         for p, g in zip(self.tensors(opt), grads):
@@ -72,9 +77,9 @@ class KerasAdapter:
         for v, t in zip(opt._trainable_variables, tensors):
             v.assign(t.numpy())
 
-    def write_models(self, task, tensors) -> None:
+    def write_models(self, task, values) -> None:
         weights = [v for m in task.models().values() for v in m.weights]
-        for v, t in zip(weights, tensors):
+        for v, t in zip(weights, values):
             v.assign(t.numpy().astype(np.dtype(v.dtype)))
 
     def apply(self, opt, grads) -> None:
@@ -132,7 +137,10 @@ class _TorchStepHook:
 
 
 class _KerasStepHook:
-    """``apply()`` asks the worker first, with the gradients as torch tensors."""
+    """``apply()`` asks the worker first, with the gradients as torch tensors (so it cannot
+    run inside a compiled graph)."""
+
+    eager_only = True
 
     def apply(self, grads, trainable_variables=None):
         w = self._worker

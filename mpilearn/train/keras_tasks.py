@@ -232,7 +232,9 @@ class KerasGANTask(GANProtocol, KerasTask):
                   np.where(flip[:, 0], 0.0, 1.0).astype("float32"),  # D on real: label 1
                   np.where(flip[:, 1], 1.0, 0.0).astype("float32"),  # D on fake: label 0
                   noise, sampled, np.float32(scale))
-        if self.compiled and keras.backend.backend() == "tensorflow":
+        # an asynchronous worker's optimizer exchanges from Python inside apply(): eagerly
+        eager_only = any(getattr(o, "eager_only", False) for o in (self.g_opt, self.d_opt))
+        if self.compiled and not eager_only and keras.backend.backend() == "tensorflow":
             sums = self._compiled_updates(*inputs)
         else:
             sums = self._four_updates(*inputs)

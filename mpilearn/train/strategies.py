@@ -142,13 +142,8 @@ class LocalSGD(Strategy):
             self.backend.wait(self.backend.allreduce_async(flat))
             flat.div_(size)
 
-        tensors = self.adapter.model_tensors(self.task)
-        averaged = reduce_tensors(tensors, mean_)
-        if self.adapter.name == "torch":
-            for t, a in zip(tensors, averaged):
-                t.copy_(a)
-        else:
-            self.adapter.write_models(self.task, averaged)
+        averaged = reduce_tensors(self.adapter.model_tensors(self.task), mean_)
+        self.adapter.write_models(self.task, averaged)
         self.synced = True
         self.seconds += time.perf_counter() - start
 
@@ -287,6 +282,13 @@ class Asynchronous(Strategy):
             self.task.load_state_dict(full)
 
         _scatter_states(self.comm, state, load)
+        # a Keras optimizer's tensors are host copies: they take the restored values
+        if self.master is not None:
+            for opt, flat in zip(self.master.opts, self.master.flats):
+                self.adapter.refresh(opt, flat.tensors)
+        else:
+            for opt in self.task.optimizers().values():
+                self.adapter.refresh(opt, opt._worker.flat.tensors)
 
 
 STRATEGIES = {"allreduce": Allreduce, "local_sgd": LocalSGD, "downpour": Asynchronous,
@@ -304,8 +306,8 @@ def _gather_states(comm, mine: dict) -> Optional[dict]:
 
 
 def _scatter_states(comm, state: Optional[dict], load) -> None:
-    """Each rank loads its own entry of a checkpoint written by as many ranks (else, with a
-    note from rank 0, keeps rank 0's state)."""
+    """Each rank loads its own entry of a checkpoint written by as many ranks; with another
+    number of ranks every rank keeps rank 0's state (the engine says so for the RNG streams)."""
     states = (state or {}).get("ranks")
     if states is None or len(states) != comm.Get_size():
         return
