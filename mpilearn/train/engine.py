@@ -29,10 +29,9 @@ from ..io import append_jsonl, read_jsonl
 from . import checkpoint as ckpt
 from . import loggers
 from .callbacks import EarlyStopping, EpochLog, PhysicsValidation
-from .callbacks import HEADLINE_PHYSICS, logged_metrics  # noqa: F401  (their old home)
-from .checks import (build_task, check_devices, check_framework, check_hparams, check_monitor, check_output,
-                     check_precision, check_run_dir, clear_run_dir, default_output, dry_run,
-                     expand_files, open_files, remove_stale_temp)  # noqa: F401
+from .checks import (build_task, check_devices, check_framework, check_hparams, check_monitor,
+                     check_output, check_precision, check_run_dir, clear_run_dir, default_output,
+                     dry_run, open_files, remove_stale_temp)
 from .evaluation import evaluate
 from .strategies import EpochContext, make_strategy
 

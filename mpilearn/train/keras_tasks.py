@@ -287,7 +287,7 @@ class KerasGANTask(GANProtocol, KerasTask):
         return {"real": real, "energy": 100.0 * aux}
 
     def eval_batch(self, batch):
-        G, D = self.generator, self.discriminator
+        D = self.discriminator
         n = len(batch["energy"])
         if n == 0:
             return {"d_loss": 0.0, "g_loss": 0.0}
