@@ -96,7 +96,7 @@ def test_mismatches_raise_on_every_rank_within_seconds(n):
 def test_optimizer_semantics_and_sync_batch_norm(n):
     proc = mpirun(n, [f"{SCRIPTS}/hvd_optimizer.py"], timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert len(ok_lines(proc)) == 5 * n
+    assert len(ok_lines(proc)) == 6 * n
 
 
 def test_ported_pytorch_mnist_trains_like_one_process(tmp_path):

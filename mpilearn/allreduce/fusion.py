@@ -1,5 +1,6 @@
-"""Tensor fusion with overlap: gradients are packed into a few flat buffers and each buffer's
-allreduce starts as soon as backward has produced all its gradients.
+"""Tensor fusion with overlap: gradients live in a few flat buffers (each ``.grad`` is a view
+of its bucket, so nothing is packed or unpacked) and each buffer's allreduce starts as soon as
+backward has produced all its gradients.
 
 Buckets are built in reverse parameter order (the order backward produces gradients) up to a
 byte threshold, and are launched strictly in bucket order, so every rank issues the same
@@ -15,31 +16,92 @@ import torch
 from ..flat import FlatBuffer
 
 
+def _aliases(grad: torch.Tensor, view: torch.Tensor) -> bool:
+    """Whether ``grad`` is ``view`` itself (or the same memory with the same layout)."""
+    return grad is view or (grad.data_ptr() == view.data_ptr() and grad.shape == view.shape
+                            and grad.stride() == view.stride() and grad.dtype == view.dtype)
+
+
 class Bucket(FlatBuffer):
-    """Parameters whose gradients travel together: the flat buffer of their gradients."""
+    """Parameters whose gradients travel together. Their ``.grad`` are views of the bucket's
+    flat buffer (like DDP's ``gradient_as_bucket_view``): backward accumulates straight into
+    the buffer, the allreduce works on it in place, and the optimizer reads the result where
+    it lies, so there is no pack and no unpack. A gradient that is not the view (the first
+    backward, after ``zero_grad(set_to_none=True)``, or one the user replaced) is copied in
+    once and the view put back in its place; a sparse one is kept sparse (see ``finish``)."""
 
     def __init__(self, params: List[torch.nn.Parameter]):
         super().__init__(params)
         self.params = params
         self.buffer = self.payload
+        self.grad_views = self.views()
+        self.sparse = [False] * len(params)
+        self.all_bound = True  # every gradient was its view when gathered (no sparse ones)
         self.ready = 0
         self.handle = None
 
-    def pack(self, scale: float = 1.0) -> None:
-        super().pack([p.grad for p in self.params], scale)
+    def bind(self, i: int) -> None:
+        """Makes parameter ``i``'s gradient the view (copying it in when it is not)."""
+        p, view = self.params[i], self.grad_views[i]
+        grad = p.grad
+        if grad is None or grad.is_sparse or _aliases(grad, view):
+            return
+        with torch.no_grad():
+            view.copy_(grad)
+        p.grad = view
 
-    def unpack(self, scale: float, source=None, keep_sparse: bool = False) -> None:
-        source = self.buffer if source is None else source
-        if scale != 1.0:
-            source.mul_(scale)
-        for p, view in zip(self.params, torch.split(source, self.sizes)):
-            view = view.view_as(p)
-            if p.grad is None:
-                p.grad = view.to(p.dtype, copy=True)
-            elif p.grad.is_sparse:
-                p.grad = view.to(p.dtype).to_sparse() if keep_sparse else view.to(p.dtype, copy=True)
+    def take(self, i: int, grad) -> None:
+        """Parameter ``i``'s final gradient ``grad``, which is not its view, into the buffer."""
+        view = self.grad_views[i]
+        with torch.no_grad():
+            if grad is None:
+                view.zero_()  # a rank without that gradient still takes part, with zeros
+            elif grad.is_sparse:
+                self.sparse[i] = True
+                view.copy_(grad.to_dense())
             else:
-                p.grad.copy_(view)
+                self.bind(i)
+        self.all_bound = False
+
+    def gather(self, scale: float) -> None:
+        """Makes the buffer hold this step's gradients, times ``scale``: one multiply of the
+        whole buffer (the per-parameter Python cost is an identity check when every gradient
+        already is its view, the usual case)."""
+        for i, (p, view) in enumerate(zip(self.params, self.grad_views)):
+            grad = p.grad
+            if grad is not view:
+                self.take(i, grad)
+        if scale != 1.0:
+            with torch.no_grad():
+                self.payload.mul_(scale)
+
+    def finish(self, keep_sparse: bool) -> None:
+        """After the reduction: every gradient is the reduced view (sparse ones become sparse
+        again unless ``sparse_as_dense``), including one the user replaced meanwhile."""
+        if not self.all_bound:
+            for i, (p, view) in enumerate(zip(self.params, self.grad_views)):
+                if self.sparse[i]:
+                    p.grad = view.to_sparse() if keep_sparse else view.clone()
+                elif p.grad is None or not _aliases(p.grad, view):
+                    p.grad = view
+        else:  # the user may have replaced one after backward: the reduced value wins
+            for p, view in zip(self.params, self.grad_views):
+                if p.grad is not view:
+                    p.grad = view
+        self.clear()
+
+    def clear(self) -> None:
+        if not self.all_bound:
+            self.sparse = [False] * len(self.params)
+        self.all_bound = True
+        self.ready, self.handle = 0, None
+
+    def zero(self) -> set:
+        """Zeroes the buffer; the ids of the parameters whose gradient is their view (now
+        zero), which ``zero_grad`` therefore leaves bound."""
+        self.payload.zero_()
+        return {id(p) for p, view in zip(self.params, self.grad_views)
+                if p.grad is not None and _aliases(p.grad, view)}
 
 
 def make_buckets(params: Iterable[torch.nn.Parameter], threshold_bytes: int,
@@ -72,7 +134,11 @@ class GradientReducer:
     """Averages (or sums) the gradients of ``params`` across the ranks of ``backend``, with
     Horovod's optimizer semantics: gradients accumulate locally over ``backward_passes``
     backward passes before their bucket is reduced; ``compression`` is applied to whole
-    buckets; ``prescale``/``postscale`` multiply before and after the reduction."""
+    buckets. The averaging 1/N and Horovod's ``prescale``/``postscale`` factors are folded
+    into one multiply of the whole bucket before its reduction (in exact arithmetic
+    ``b * sum(a * x) == sum(a * b * x)``; for a power-of-two N it is exact in floating point
+    too), so the reduced buffer is the result, with no pass over it afterwards; with op=Sum
+    (``average=False``) and no factors there is no multiply at all."""
 
     def __init__(self, params, backend, size: int, threshold_bytes: int = 25 << 20,
                  average: bool = True, compression=None, backward_passes: int = 1,
@@ -87,16 +153,15 @@ class GradientReducer:
                 unique.append(p)
         self.params = unique
         self.backend = backend
-        self.prescale = prescale
-        self.scale = (postscale / size) if average else postscale
+        self.factor = prescale * ((postscale / size) if average else postscale)
         self.compression = compression
         self.backward_passes = backward_passes
         self.sparse_as_dense = sparse_as_dense
         self.buckets = make_buckets(self.params, threshold_bytes, groups)
-        self._bucket_of = {}
+        self._bucket_of = {}  # id(parameter) -> (bucket, index in it)
         for b in self.buckets:
-            for p in b.params:
-                self._bucket_of[id(p)] = b
+            for i, p in enumerate(b.params):
+                self._bucket_of[id(p)] = (b, i)
         self._delay = {id(p): backward_passes for p in self.params}
         self._next = 0  # index of the next bucket to launch
         self._hooks = []
@@ -129,14 +194,19 @@ class GradientReducer:
             raise AssertionError("Gradients were computed more than backward_passes_per_step "
                                  "times before call to step(). Increase "
                                  "backward_passes_per_step to accumulate gradients locally.")
-        self._delay[id(p)] -= 1
-        if self._delay[id(p)] == 0:
-            self._bucket_of[id(p)].ready += 1
+        left = self._delay[id(p)] - 1
+        self._delay[id(p)] = left
+        bucket, i = self._bucket_of[id(p)]
+        if left:  # more backward passes will accumulate into the view
+            bucket.bind(i)
+            return
+        bucket.ready += 1
+        if bucket.ready == len(bucket.params):
             self._launch_ready()
 
     def _launch(self, bucket: Bucket) -> None:
         start = time.perf_counter()
-        bucket.pack(self.prescale)
+        bucket.gather(self.factor)
         sent, ctx = bucket.buffer, None
         if self.compression is not None:
             sent, ctx = self.compression.compress(bucket.buffer)
@@ -151,9 +221,16 @@ class GradientReducer:
             self._launch(bucket)
             self._next += 1
 
+    def zero_grads(self) -> set:
+        """Zeroes every bucket; the ids of the parameters whose gradient stays bound."""
+        bound = set()
+        for bucket in self.buckets:
+            bound |= bucket.zero()
+        return bound
+
     # -- completion -----------------------------------------------------------------------
     def synchronize(self) -> None:
-        """Launch what backward did not (missing gradients count as zeros), wait, scale."""
+        """Launch what backward did not (missing gradients count as zeros) and wait."""
         while self._next < len(self.buckets):
             self._launch(self.buckets[self._next])
             self._next += 1
@@ -161,20 +238,18 @@ class GradientReducer:
         for bucket in self.buckets:
             handle, sent, ctx = bucket.handle
             self.backend.wait(handle)
-            source = None
             if self.compression is not None:
-                source = self.compression.decompress(sent, ctx)
-            bucket.unpack(self.scale, source, keep_sparse=not self.sparse_as_dense)
-            bucket.handle = None
-            bucket.ready = 0
+                with torch.no_grad():
+                    bucket.buffer.copy_(self.compression.decompress(sent, ctx))
+            bucket.finish(keep_sparse=not self.sparse_as_dense)
         self._next = 0
-        self._delay = {k: self.backward_passes for k in self._delay}
+        self._delay = dict.fromkeys(self._delay, self.backward_passes)
         self.seconds += time.perf_counter() - start
 
     def reset(self) -> None:
         """Forget partial accumulation (after load_state_dict)."""
         for b in self.buckets:
-            b.ready, b.handle = 0, None
+            b.clear()
         self._next = 0
         self._delay = {k: self.backward_passes for k in self._delay}
 

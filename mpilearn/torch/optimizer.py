@@ -82,7 +82,22 @@ class _DistributedMixin:
             raise AssertionError("optimizer.zero_grad() was called after loss.backward() but "
                                  "before optimizer.step() or optimizer.synchronize(). This is "
                                  "prohibited as it can cause a race condition.")
-        return super().zero_grad(set_to_none=set_to_none)
+        if self._reducer is None:
+            return super().zero_grad(set_to_none=set_to_none)
+        # Gradients that are views of the fusion buffers are zeroed in place, even with
+        # set_to_none: the next backward then accumulates straight into the buffer. step()
+        # is unchanged by it, because synchronize() gives every parameter a gradient anyway
+        # (zeros where none was computed, as Horovod does). Other gradients follow set_to_none.
+        bound = self._reducer.zero_grads()
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None or id(p) in bound:
+                    continue
+                if set_to_none:
+                    p.grad = None
+                else:
+                    p.grad = p.grad.detach()
+                    p.grad.zero_()
 
     def load_state_dict(self, state_dict):
         if self._reducer is not None:

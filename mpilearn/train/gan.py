@@ -7,8 +7,9 @@ then twice G through a frozen D with label 1 and the same auxiliary targets.
 Distributed semantics:
   * every optimizer step averages its gradients across ranks with one fused allreduce;
   * losses are averaged over the *global* batch: each rank scales its summed per-event losses
-    by ranks / global event count, so averaging the gradients gives the global-batch mean even
-    when the Σ > 10 filter leaves ranks with different event counts;
+    by 1 / global event count and the PyTorch optimizers sum the gradients (Keras: by
+    ranks / global event count, and its optimizers average), which gives the global-batch mean
+    even when the Σ > 10 filter leaves ranks with different event counts;
   * label flips and noise are drawn per (step, global event index), so N ranks draw exactly
     what one rank with the whole batch draws;
   * batch-norm statistics are local to each rank (as in Horovod and TF mirrored training): the
@@ -157,7 +158,8 @@ class GANProtocol:
         n_global = self.comm.allreduce(n_local) if size > 1 else n_local
         flips, noise, sampled = self._draws(batch["_index"], self.steps)
         self.steps += 1
-        return n_local, n_global, size / max(n_global, 1), flips, noise, sampled
+        ranks = 1 if self.sums_gradients else size
+        return n_local, n_global, ranks / max(n_global, 1), flips, noise, sampled
 
     def _report(self, sums, n_global: int) -> Dict[str, float]:
         """Global-batch means of every term (one small allreduce), and the empty-image guard;
@@ -186,6 +188,8 @@ class GANProtocol:
 class GANTask(GANProtocol, Task):
     """The 3DGAN protocol with PyTorch models: the four updates of a batch, evaluation and
     generation."""
+
+    folds_average = True
 
     def __init__(self, generator: torch.nn.Module, discriminator: torch.nn.Module,
                  g_optimizer, d_optimizer, variant: str = "angle",

@@ -26,6 +26,11 @@ class Task:
     device = "cpu"
     dtype = torch.float32
     precision = "fp32"  # "bf16": forward passes under torch.autocast (the engine sets it)
+    # True: the task can divide its loss by the *global* event count itself, so that its
+    # wrapped optimizers sum the gradients (op=Sum; setup sets ``sums_gradients``): the 1/N of
+    # averaging then costs nothing, where op=Average multiplies every gradient buffer per step
+    folds_average = False
+    sums_gradients = False
     supports_autocast = True  # False where the framework has its own policy (Keras)
 
     def models(self) -> Dict[str, torch.nn.Module]:
@@ -53,6 +58,7 @@ class Task:
         self.device = device
         for model in self.models().values():
             model.to(device)
+        self.sums_gradients = distributed and self.folds_average
         if not distributed:
             return
         for model in self.models().values():
@@ -60,7 +66,8 @@ class Task:
         for opt in self.optimizers().values():
             mtorch.broadcast_optimizer_state(opt, 0, comm=comm)
             mtorch.DistributedOptimizer(opt, backend=backend, comm=comm,
-                                        fusion_threshold_bytes=fusion_bytes)
+                                        fusion_threshold_bytes=fusion_bytes,
+                                        op=mtorch.Sum if self.sums_gradients else mtorch.Average)
 
     def autocast(self):
         """The forward passes' precision context: bf16 autocast (weights, gradients, optimizer

@@ -170,6 +170,52 @@ def test_unused_and_sparse():
     ok("unused and sparse gradients")
 
 
+def test_gradients_are_bucket_views():
+    """Gradients live in the fusion buffers, and every way user code has of replacing them
+    (zero_grad(set_to_none), the module's zero_grad, a fresh tensor before backward, a new
+    tensor after it) still gives the reference result."""
+    steps = 5
+    data = batches(steps, 2 * N)
+    ref = model()
+    opt = torch.optim.Adam(ref.parameters(), lr=0.01)
+    for x, y in data:
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(ref(x), y).backward()
+        opt.step()
+    net = model()
+    dopt = hvd.DistributedOptimizer(torch.optim.Adam(net.parameters(), lr=0.01),
+                                    fusion_threshold_bytes=128)  # several buckets
+    buffers = [b.buffer for b in dopt._reducer.buckets]
+    assert len(buffers) > 1
+
+    def in_a_buffer(grad):
+        return any(b.data_ptr() <= grad.data_ptr() < b.data_ptr() + b.numel() * b.element_size()
+                   for b in buffers)
+
+    for step, (x, y) in enumerate(data):
+        if step == 1:
+            net.zero_grad()  # the module's: set_to_none, behind the optimizer's back
+        elif step == 2:
+            for p in net.parameters():
+                p.grad = torch.zeros_like(p)  # user code that brings its own tensors
+        else:
+            dopt.zero_grad()
+            if step > 0:
+                assert all(in_a_buffer(p.grad) and not p.grad.any() for p in net.parameters())
+        mine = slice(2 * R, 2 * R + 2)
+        torch.nn.functional.mse_loss(net(x[mine]), y[mine]).backward()
+        if step == 3:
+            for p in net.parameters():
+                p.grad = p.grad.clone()  # replaced after backward: the reduced value wins
+        dopt.step()
+        assert all(in_a_buffer(p.grad) for p in net.parameters()), f"step {step}"
+        for p in net.parameters():
+            assert torch.equal(hvd.allreduce(p.grad, op=hvd.Sum), p.grad * N)  # same everywhere
+    for p, q in zip(net.parameters(), ref.parameters()):
+        assert torch.allclose(p, q, rtol=1e-10, atol=1e-12), (p - q).abs().max()
+    ok("gradients are bucket views")
+
+
 for test in (test_backward_passes_per_step, test_sync_batch_norm, test_semantics,
-             test_groups_and_sum, test_unused_and_sparse):
+             test_groups_and_sum, test_unused_and_sparse, test_gradients_are_bucket_views):
     test()
