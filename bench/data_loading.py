@@ -1,6 +1,10 @@
 """Reading the 51x51x25 format: mpilearn's dataset (event-level shuffling + prefetch thread)
 vs raw h5py slicing of consecutive events, for gzip and uncompressed files.
 
+Both sides are timed on their second pass over the file (steady state, as in every epoch
+after the first): the first pass pays one-off costs, the page cache for raw h5py and, for
+mpilearn's memory map of an uncompressed file, the page-table faults of its first touch.
+
     python bench/data_loading.py [--quick] [--out bench/results/data_loading]
 """
 import argparse
@@ -20,21 +24,26 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def raw(path, batch):
-    t = time.perf_counter()
-    n = 0
     with h5py.File(path) as f:
         ds = f["ECAL"]
-        for start in range(0, len(ds) - batch + 1, batch):
-            n += len(ds[start:start + batch])
-    return n / (time.perf_counter() - t)
+        for _ in range(2):  # the second pass is timed
+            t = time.perf_counter()
+            n = 0
+            for start in range(0, len(ds) - batch + 1, batch):
+                n += len(ds[start:start + batch])
+            rate = n / (time.perf_counter() - t)
+    return rate
 
 
 def ours(path, batch, shuffle):
     files = EventFiles([path], ["ECAL", "energy"])
     loader = ShardedLoader(files, np.arange(len(files)), batch, 0, 1, seed=0, shuffle=shuffle, prefetch=4)
-    t = time.perf_counter()
-    n = sum(len(b["ECAL"]) for b in loader.batches(0))
-    return n / (time.perf_counter() - t)
+    for epoch in range(2):  # the second epoch is timed
+        t = time.perf_counter()
+        n = sum(len(b["ECAL"]) for b in loader.batches(epoch))
+        rate = n / (time.perf_counter() - t)
+    files.close()
+    return rate
 
 
 def main():
