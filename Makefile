@@ -104,7 +104,11 @@ $(HVD_STAMP): $(STAMP)
 # Benchmarks side by side with the peers; BENCH=--quick for a CI-sized run.
 bench: $(STAMP) $(HVD_STAMP)
 	$(BIN)/pip install -q optuna
+	# torchvision for the ResNet-18 row, pinned to torch 2.13.0's release, kept out of .venv
+	# (its PyPI build's C++ ops need CUDA torch; bench/resnet_synthetic.py uses only models)
+	$(BIN)/pip install -q --no-deps --upgrade --target .bench-deps torchvision==0.28.0
 	mpirun -np 2 --oversubscribe $(BIN)/python bench/allreduce_cost.py bench/results/allreduce_cost
+	mpirun -np 4 --oversubscribe $(BIN)/python bench/allreduce_cost.py bench/results/allreduce_cost
 	$(BIN)/python bench/horovod_api.py $(BENCH)
 	$(BIN)/python bench/throughput.py $(BENCH) --backends mpi,torch,horovod
 	$(BIN)/python bench/scaling_model.py
@@ -114,4 +118,5 @@ bench: $(STAMP) $(HVD_STAMP)
 	$(BIN)/python bench/data_loading.py $(BENCH)
 	$(BIN)/python bench/async_training.py $(BENCH)
 	$(BIN)/python bench/keras_throughput.py $(BENCH)
+	$(BIN)/python bench/resnet_synthetic.py $(BENCH)
 	$(BIN)/python bench/collect.py

@@ -7,7 +7,8 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RES = os.path.join(REPO, "bench", "results")
 SECTIONS = [("throughput", "Data-parallel training throughput (np=1 and 2, same global batch)"),
-            ("allreduce_cost", "Allreduce cost per step vs one raw MPI_Allreduce of the same bytes (np=2)"),
+            ("allreduce_cost_np2", "Allreduce cost per step vs one raw MPI_Allreduce of the same bytes (np=2)"),
+            ("allreduce_cost_np4", "Allreduce cost per step vs one raw MPI_Allreduce of the same bytes (np=4)"),
             ("horovod_api", "Horovod API side by side with Horovod 0.28.1 (np=2)"),
             ("scaling", "Weak-scaling projection for the angle 3DGAN"),
             ("hpo_coordinator", "HPO coordinator: decision latency and block utilisation"),
@@ -15,6 +16,7 @@ SECTIONS = [("throughput", "Data-parallel training throughput (np=1 and 2, same 
             ("hpo_parallel", "HPO under parallel load vs Optuna TPE and GP: quality, model share, cost at 1000 observations"),
             ("data_loading", "Data loading, 51x51x25 format"),
             ("async_training", "Asynchronous training: allreduce vs downpour vs EASGD at np=3, one rank 5x slower"),
+            ("resnet_synthetic", "Horovod's synthetic benchmark: torchvision ResNet-18, mpilearn vs Horovod vs DDP"),
             ("keras_throughput", "Small 3DGAN: Keras 3 (TensorFlow, torch backends) vs PyTorch"),
             ("gpu/gan3d", "GPU: the 3DGAN on one H100, mpilearn vs plain PyTorch (bench/gpu_3dgan.py, run on the GPU machine)")]
 

@@ -1,6 +1,8 @@
-"""The peer: plain PyTorch DistributedDataParallel with gloo, the way its docs recommend
-(DistributedSampler + DataLoader + DDP(model)), on the same model file and HDF5 data as
-mpilearn.train. Launched by mpirun (rank and size from Open MPI's environment).
+"""The peer: plain PyTorch DistributedDataParallel with gloo (DDP(model), the optimizer
+stepped after backward), on the same model file and HDF5 data as mpilearn.train, fed by
+mpilearn's own loader (event-level shards, the same shuffle, a prefetch thread), so that
+the row compares communication and wrapping only, not data loading. Launched by mpirun
+(rank and size from Open MPI's environment).
 
     mpirun -np 2 python bench/ddp_peer.py MODEL.py DATA.h5 GLOBAL_BATCH STEPS OUT.json
 """
@@ -9,25 +11,11 @@ import os
 import sys
 import time
 
-import h5py
+import numpy as np
 import torch
 import torch.distributed as dist
-from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-
-class H5(Dataset):
-    def __init__(self, path, keys):
-        self.path, self.keys, self.f = path, keys, None
-        with h5py.File(path) as f:
-            self.n = len(f[keys[0]])
-
-    def __len__(self):
-        return self.n
-
-    def __getitem__(self, i):
-        if self.f is None:
-            self.f = h5py.File(self.path)
-        return tuple(torch.as_tensor(self.f[k][i]) for k in self.keys)
+from mpilearn.data.hdf5 import EventFiles, ShardedLoader
 
 
 def main():
@@ -48,21 +36,21 @@ def main():
     task = mod.build({})
     model = torch.nn.parallel.DistributedDataParallel(task.model)
     opt = task.optimizer
-    ds = H5(data, task.inputs + [task.target])
-    sampler = DistributedSampler(ds, num_replicas=size, rank=rank, shuffle=True, seed=0, drop_last=True)
-    loader = DataLoader(ds, batch_size=int(global_batch) // size, sampler=sampler, drop_last=True,
-                        num_workers=1, persistent_workers=True, prefetch_factor=4)
+    files = EventFiles([data], task.inputs + [task.target])
+    loader = ShardedLoader(files, np.arange(len(files)), int(global_batch) // size, rank, size,
+                           seed=0, transform=task.transform)
     steps = int(steps)
     done, data_wait, t_start = 0, 0.0, None
     for epoch in range(100):
-        sampler.set_epoch(epoch)
-        it = iter(loader)
+        it = loader.batches(epoch)
         while done < 2 * steps:
             t0 = time.perf_counter()
             try:
-                *xs, y = next(it)
+                batch = next(it)
             except StopIteration:
                 break
+            xs = [torch.as_tensor(batch[k]) for k in task.inputs]
+            y = torch.as_tensor(batch[task.target])
             if done == steps:  # the first half warms up, the second is measured
                 t_start, data_wait = t0, 0.0
             data_wait += time.perf_counter() - t0
