@@ -119,4 +119,5 @@ bench: $(STAMP) $(HVD_STAMP)
 	$(BIN)/python bench/async_training.py $(BENCH)
 	$(BIN)/python bench/keras_throughput.py $(BENCH)
 	$(BIN)/python bench/resnet_synthetic.py $(BENCH)
+	$(BIN)/python bench/gan_cpu.py $(BENCH)
 	$(BIN)/python bench/collect.py

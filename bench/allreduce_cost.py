@@ -80,7 +80,7 @@ def main():
             rows.append({"model": name, "op": op, "bytes": nbytes, "buckets": buckets,
                          "hook_ms": 1e3 * hook, "mpilearn_ms": 1e3 * total, "raw_ms": 1e3 * raw,
                          "ratio": total / raw, "per_bucket_overhead_ms": 1e3 * (total - raw) / buckets,
-                         "target": "<= 1.2" if name in targets and op == "Average" else "-"})
+                         "target": name in targets})
     sizes = []
     for exp in range(10, 25, 2):
         buf = np.zeros(2 ** exp // 4, np.float32)
@@ -89,11 +89,13 @@ def main():
     if comm.Get_rank() == 0:
         md = [f"np = {n}. mpilearn = the whole reducer step after backward (hooks + synchronize); "
               "'hooks' is the part spent in the gradient hooks (1/N scaling, bucket launch). "
-              "op=Sum skips the 1/N multiply (what averaging costs on its own).", "",
+              "op=Sum: the 1/N is folded into the loss scale, as mpilearn.train's 3DGAN runs; "
+              "op=Average multiplies the bucket once (the Horovod API's default).", "",
               "| gradients of | op | bytes | buckets | hooks (ms) | mpilearn step (ms) | one raw MPI_Allreduce (ms) "
-              "| ratio | target |", "|---|---|---|---|---|---|---|---|---|"]
+              "| ratio | target <= 1.2 |", "|---|---|---|---|---|---|---|---|---|"]
         md += [f"| {r['model']} | {r['op']} | {r['bytes']} | {r['buckets']} | {r['hook_ms']:.3f} | {r['mpilearn_ms']:.3f} "
-               f"| {r['raw_ms']:.3f} | {r['ratio']:.2f} | {r['target']} |" for r in rows]
+               f"| {r['raw_ms']:.3f} | {r['ratio']:.2f} | "
+               f"{('met' if r['ratio'] <= 1.2 else 'missed') if r['target'] else '-'} |" for r in rows]
         md += ["", "| message bytes | raw MPI_Allreduce (ms) |", "|---|---|"]
         md += [f"| {s['bytes']} | {s['raw_ms']:.4f} |" for s in sizes]
         write(out, {"np": n, "rows": rows, "sizes": sizes}, md)

@@ -68,6 +68,7 @@ class EventFiles:
         self.counts = np.asarray(counts, dtype=np.int64)
         self.offsets = np.concatenate([[0], np.cumsum(self.counts)])
         self._handles: Dict[str, object] = {}
+        self._datasets: Dict[tuple, tuple] = {}  # (file, key) -> _dataset()'s answer
         self._skipped: set = set()
 
     @classmethod
@@ -78,7 +79,7 @@ class EventFiles:
         self.optional_present = set(optional_present)
         self.counts = np.asarray(counts, dtype=np.int64)
         self.offsets = np.concatenate([[0], np.cumsum(self.counts)])
-        self._handles = {}
+        self._handles, self._datasets = {}, {}
         self._skipped = set()
         return self
 
@@ -147,7 +148,7 @@ class EventFiles:
         once: h5py's name lookups and attribute reads cost tens of microseconds each. The map
         is made for a contiguous, uncompressed dataset, where h5py's per-selection overhead,
         not the disk, is the cost."""
-        cache = self.__dict__.setdefault("_datasets", {})
+        cache = self._datasets
         if (i, key) not in cache:
             try:
                 ds = self._file(i)[key]
@@ -173,7 +174,7 @@ class EventFiles:
         for h in self._handles.values():
             h.close()
         self._handles.clear()
-        self.__dict__.pop("_datasets", None)
+        self._datasets.clear()
 
 
 def _read_runs(ds, rows: np.ndarray, target: np.ndarray, dest: Optional[np.ndarray]) -> None:
