@@ -112,8 +112,10 @@ def test_requeued_training_job_ends_where_an_uninterrupted_run_ends(slurm, toy_f
 def test_mpirun_sweep_inside_the_allocation_survives_a_requeue(slurm, toy_file, tmp_path):
     # the layout of jobs/hpo-mlp.yaml (2 blocks x 2 folds + coordinator = 5 ranks)
     base = yaml.safe_load(open(os.path.join(REPO, "jobs", "hpo-mlp.yaml")))
-    cfg = {"model": f"{TESTS}/models/slow.py", "hparams": {"sleep": 0.02},
-           "data": {"files": [toy_file]}, "train": {"epochs": 2, "batch_size": 64},
+    # 8 steps of 0.1 s an epoch: after the first epoch's metrics appear, three more epochs
+    # leave the signal time to reach the ranks while the first trials are still in flight
+    cfg = {"model": f"{TESTS}/models/slow.py", "hparams": {"sleep": 0.1},
+           "data": {"files": [toy_file]}, "train": {"epochs": 4, "batch_size": 64},
            "search": {**base["search"], "budget": 4}}
     path = tmp_path / "hpo.yaml"
     path.write_text(yaml.safe_dump(cfg))
