@@ -47,14 +47,7 @@ def step_cost(model, comm, average):
         reducer.synchronize()
 
     total = median_seconds(step, comm, REPEATS, warmup=3)
-    hook_times = []
-    for _ in range(REPEATS):
-        comm.Barrier()
-        start = MPI.Wtime()
-        hooks()
-        hook_times.append(MPI.Wtime() - start)
-        reducer.synchronize()
-    hook = float(np.median(hook_times))
+    hook = median_seconds(hooks, comm, REPEATS, after=reducer.synchronize)
     nbytes = sum(p.numel() * p.element_size() for p in params)
     return hook, total, len(reducer.buckets), nbytes
 

@@ -15,8 +15,9 @@ def write(out: str, data, markdown: list) -> None:
     print("\n".join(markdown))
 
 
-def median_seconds(fn, comm, repeats: int, warmup: int = 0) -> float:
-    """Median wall time of ``fn()`` over ``repeats`` calls, all ranks starting together."""
+def median_seconds(fn, comm, repeats: int, warmup: int = 0, after=None) -> float:
+    """Median wall time of ``fn()`` over ``repeats`` calls, all ranks starting together;
+    ``after()``, untimed, follows each call (what must run before the next one)."""
     import time
 
     import numpy as np
@@ -29,4 +30,6 @@ def median_seconds(fn, comm, repeats: int, warmup: int = 0) -> float:
         start = time.perf_counter()
         fn()
         times.append(time.perf_counter() - start)
+        if after is not None:
+            after()
     return float(np.median(times))

@@ -27,15 +27,21 @@ def ok(name):
     print(f"ok {name} rank {R}", flush=True)
 
 
+def reference(data, optimizer, lr):
+    """The model trained by one process on the whole of every global batch."""
+    net = model()
+    opt = optimizer(net.parameters(), lr=lr)
+    for x, y in data:
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(net(x), y).backward()
+        opt.step()
+    return net
+
+
 def test_backward_passes_per_step():
     b, passes, steps = 3, 4, 3
     data = batches(steps, b * passes * N)   # one global batch per step
-    ref = model()
-    opt = torch.optim.SGD(ref.parameters(), lr=0.1)
-    for x, y in data:
-        opt.zero_grad()
-        torch.nn.functional.mse_loss(ref(x), y).backward()
-        opt.step()
+    ref = reference(data, torch.optim.SGD, 0.1)
     net = model()
     dopt = hvd.DistributedOptimizer(torch.optim.SGD(net.parameters(), lr=0.1),
                                     named_parameters=net.named_parameters(),
@@ -176,12 +182,7 @@ def test_gradients_are_bucket_views():
     tensor after it) still gives the reference result."""
     steps = 5
     data = batches(steps, 2 * N)
-    ref = model()
-    opt = torch.optim.Adam(ref.parameters(), lr=0.01)
-    for x, y in data:
-        opt.zero_grad()
-        torch.nn.functional.mse_loss(ref(x), y).backward()
-        opt.step()
+    ref = reference(data, torch.optim.Adam, 0.01)
     net = model()
     dopt = hvd.DistributedOptimizer(torch.optim.Adam(net.parameters(), lr=0.01),
                                     fusion_threshold_bytes=128)  # several buckets
