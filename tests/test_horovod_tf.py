@@ -42,3 +42,33 @@ def test_tf_collectives_against_numpy_eager_and_graph(n):
     proc = mpirun(n, [f"{SCRIPTS}/hvd_tf_collectives.py"], env=TF_ENV, timeout=400)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert len(ok_lines(proc)) == 11 * n, proc.stdout
+
+
+EXAMPLES = os.path.join(SCRIPTS, "horovod_examples")
+SMALL = {"MPILEARN_EXAMPLE_IMAGES": "512", "MPILEARN_EXAMPLE_STEPS": "24",
+         "MPILEARN_EXAMPLE_BATCH": "32", "MPILEARN_EXAMPLE_EPOCHS": "2"}
+BENCH = ["--model", "MobileNetV3Small", "--batch-size", "2", "--num-batches-per-iter", "2",
+         "--num-iters", "2", "--no-cuda"]
+
+
+def test_horovod_tf2_mnist_custom_loop(tmp_path):
+    proc = mpirun(2, [f"{EXAMPLES}/tensorflow2_mnist.py"], cwd=tmp_path, env={**TF_ENV, **SMALL})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Step #10" in proc.stdout and (tmp_path / "checkpoints-1.index").exists()
+
+
+def test_horovod_tf2_keras_mnist(tmp_path):
+    proc = mpirun(2, [f"{EXAMPLES}/tensorflow2_keras_mnist.py"], cwd=tmp_path,
+                  env={**TF_ENV, **SMALL, "MPILEARN_EXAMPLE_STEPS": "12"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (tmp_path / "checkpoint-2.keras").exists()
+
+
+@pytest.mark.parametrize("script,extra", [
+    ("tensorflow2_synthetic_benchmark.py", ["--num-warmup-batches", "1"]),
+    ("tensorflow2_synthetic_benchmark.py", ["--num-warmup-batches", "1", "--fp16-allreduce"]),
+    ("tensorflow2_keras_synthetic_benchmark.py", [])])
+def test_horovod_tf2_synthetic_benchmarks(tmp_path, script, extra):
+    proc = mpirun(2, [f"{EXAMPLES}/{script}"] + BENCH + extra, cwd=tmp_path, env=TF_ENV)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Total img/sec on 2 CPU(s)" in proc.stdout, proc.stdout[-2000:]

@@ -36,6 +36,16 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
         _no_xla(model)
 
     def on_train_begin(self, logs=None):
+        # a model built lazily (no Input) has no weights yet: then broadcast after the first
+        # batch, as Horovod's TF2 callback always does; building the optimizer now would
+        # tie it to an empty variable list
+        if self.model.built and self.model.trainable_variables:
+            self._broadcast()
+
+    def on_train_batch_end(self, batch, logs=None):
+        self._broadcast()
+
+    def _broadcast(self):
         from . import broadcast_variables
 
         if self.broadcast_done:

@@ -17,6 +17,11 @@ from .compression import Compression
 from .ops import grouped_allreduce
 
 
+def _key(source):
+    """A hashable identity of a tf.Variable, tensor or Keras 3 variable (which has no ref)."""
+    return _key(source) if hasattr(source, "ref") else id(source)
+
+
 def _split(items: list, n: int) -> list:
     """``n`` contiguous groups of nearly equal length (Horovod's split_list)."""
     n = max(1, min(n, len(items)))
@@ -35,13 +40,13 @@ def _groups_of(grads, sources, groups) -> list:
     if groups is None:
         return [present] if present else []
     if isinstance(groups, list):
-        by_ref = {sources[i].ref(): i for i in present}
+        by_ref = {_key(sources[i]): i for i in present}
         out = []
         for group in groups:
-            idx = [by_ref.pop(v.ref()) for v in group if v.ref() in by_ref]
+            idx = [by_ref.pop(_key(v)) for v in group if _key(v) in by_ref]
             if idx:
                 out.append(idx)
-        return out + [[i] for i in present if sources[i].ref() in by_ref]
+        return out + [[i] for i in present if _key(sources[i]) in by_ref]
     return [g for g in _split(present, groups) if g]
 
 
@@ -94,13 +99,13 @@ class _DistributedGradientTape:
 
     def register_local_source(self, source):
         """A source whose gradient stays local (scaled by 1/size, as Horovod does)."""
-        self._mpilearn_local.add(source.ref())
+        self._mpilearn_local.add(_key(source))
 
     def gradient(self, target, sources, output_gradients=None, use_generic_names=False):
         flat = tf.nest.flatten(sources)
         grads = list(super().gradient(target, flat, output_gradients))
         local = self._mpilearn_local
-        shared = [i for i, s in enumerate(flat) if s.ref() not in local]
+        shared = [i for i, s in enumerate(flat) if _key(s) not in local]
         reduced = self._mpilearn_reduce([grads[i] for i in shared], [flat[i] for i in shared])
         for i, g in zip(shared, reduced):
             grads[i] = g
@@ -108,7 +113,7 @@ class _DistributedGradientTape:
             n = self._mpilearn_set.size()
             for i, s in enumerate(flat):
                 g = grads[i]
-                if s.ref() in local and g is not None:
+                if _key(s) in local and g is not None:
                     grads[i] = (tf.IndexedSlices(g.values / n, g.indices, g.dense_shape)
                                 if isinstance(g, tf.IndexedSlices) else g / n)
         return tf.nest.pack_sequence_as(sources, grads)
@@ -117,8 +122,8 @@ class _DistributedGradientTape:
                                        use_generic_names=False):
         grads = self.gradient(target, sources, output_gradients)
         pairs = list(zip(sources, grads))
-        return ([p for p in pairs if p[0].ref() in self._mpilearn_local],
-                [p for p in pairs if p[0].ref() not in self._mpilearn_local])
+        return ([p for p in pairs if _key(p[0]) in self._mpilearn_local],
+                [p for p in pairs if _key(p[0]) not in self._mpilearn_local])
 
 
 def DistributedGradientTape(gradtape, device_dense="", device_sparse="",
