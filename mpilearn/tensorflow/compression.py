@@ -3,25 +3,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-
-class Compressor:
-    @staticmethod
-    def compress(tensor):
-        raise NotImplementedError
-
-    @staticmethod
-    def decompress(tensor, ctx):
-        raise NotImplementedError
-
-
-class NoneCompressor(Compressor):
-    @staticmethod
-    def compress(tensor):
-        return tensor, None
-
-    @staticmethod
-    def decompress(tensor, ctx):
-        return tensor
+from ..torch.compression import Compressor, NoneCompressor  # framework-neutral
 
 
 class _CastCompressor(Compressor):
