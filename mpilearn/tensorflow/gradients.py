@@ -19,7 +19,7 @@ from .ops import grouped_allreduce
 
 def _key(source):
     """A hashable identity of a tf.Variable, tensor or Keras 3 variable (which has no ref)."""
-    return _key(source) if hasattr(source, "ref") else id(source)
+    return source.ref() if hasattr(source, "ref") else id(source)
 
 
 def _split(items: list, n: int) -> list:

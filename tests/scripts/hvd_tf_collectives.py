@@ -167,6 +167,11 @@ def test_broadcast_variables_and_objects():
     w = tf.Variable(tf.fill((3,), float(R)))
     tf.function(lambda: hvd.broadcast_variables([w], 0))()
     close(w, np.zeros(3), "broadcast_variables in tf.function")
+    # DistributedOptimizer for loops that call apply_gradients: the mean gradient is applied
+    var = tf.Variable(tf.ones(3))
+    opt = hvd.DistributedOptimizer(tf.keras.optimizers.SGD(0.5))
+    opt.apply_gradients([(tf.fill((3,), float(R + 1)), var)])
+    close(var, np.full(3, 1 - 0.5 * np.mean([r + 1.0 for r in range(N)])), "DistributedOptimizer")
     assert hvd.broadcast_object({"r": R}, root_rank=0) == {"r": 0}
     assert hvd.allgather_object(R) == list(range(N))
     ok("broadcast variables")
