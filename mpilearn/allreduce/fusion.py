@@ -77,7 +77,8 @@ class Bucket(FlatBuffer):
 
     def finish(self, keep_sparse: bool) -> None:
         """After the reduction: every gradient is the reduced view (sparse ones become sparse
-        again unless ``sparse_as_dense``), including one the user replaced meanwhile."""
+        again, as Horovod does also with ``sparse_as_dense``, so that e.g. SparseAdam steps),
+        including one the user replaced meanwhile."""
         if not self.all_bound:
             for i, (p, view) in enumerate(zip(self.params, self.grad_views)):
                 if self.sparse[i]:
@@ -241,7 +242,7 @@ class GradientReducer:
             if self.compression is not None:
                 with torch.no_grad():
                     bucket.buffer.copy_(self.compression.decompress(sent, ctx))
-            bucket.finish(keep_sparse=not self.sparse_as_dense)
+            bucket.finish(keep_sparse=True)  # Horovod: back to sparse, also with sparse_as_dense
         self._next = 0
         self._delay = dict.fromkeys(self._delay, self.backward_passes)
         self.seconds += time.perf_counter() - start

@@ -25,6 +25,6 @@ from .collectives import (allreduce_, allreduce_async, allreduce_async_, barrier
 from .compression import Compression
 from .engine import Adasum, Average, HorovodInternalError, Max, Min, Product, Sum
 from .functions import (allgather_object, broadcast_object, broadcast_optimizer_state,
-                        broadcast_parameters)
+                        broadcast_parameters, sparse_allreduce_async)
 from .optimizer import DistributedOptimizer, get_backend, set_default_backend
 from .sync_batch_norm import SyncBatchNorm

@@ -161,9 +161,18 @@ def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
 
 # -- allgather ------------------------------------------------------------------------------
 
+def _refuse_joined(gathered: np.ndarray, kind: int) -> None:
+    """Horovod's rule: allgather and broadcast raise on every rank while some have joined
+    (the joined ranks raise too, and keep serving)."""
+    if (gathered[:, 0] == JOIN).any():
+        raise E.HorovodInternalError(f"{E.KIND_NAMES[kind]} is not supported while some ranks "
+                                     "have joined (hvd.join)")
+
+
 def _allgather_start(local: Optional[np.ndarray]):
     def start(op, gathered):
         E.check_records(gathered, ALLGATHER, first_dim_may_differ=True)
+        _refuse_joined(gathered, ALLGATHER)
         ref = _ref(gathered)
         row_bytes = _row_elems(ref) * _itemsize(ref)
         counts = [0 if row[0] == JOIN else _rows(row) * row_bytes for row in gathered]
@@ -203,10 +212,9 @@ def _set_root(state, root_rank: int) -> int:
 def _broadcast_start(local: Optional[np.ndarray]):
     def start(op, gathered):
         E.check_records(gathered, BROADCAST)
+        _refuse_joined(gathered, BROADCAST)
         ref = _ref(gathered)
         root = int(ref[5])
-        if gathered[root, 0] == JOIN:
-            raise E.HorovodInternalError(f"broadcast root rank {op.state.ranks[root]} has joined")
         buf = local if local is not None else np.empty(int(ref[9]) * _itemsize(ref), np.uint8)
         op.keep, op.buffer = [buf], buf
         return op.state.data.Ibcast([buf, _comm.mpi().BYTE], root=root)
@@ -346,8 +354,7 @@ def reducescatter_async(tensor, name=None, op=Average, process_set=global_proces
 
 # -- join -----------------------------------------------------------------------------------
 
-_ZERO_PARTICIPANT = {ALLREDUCE: _allreduce_start, ALLGATHER: _allgather_start,
-                     BROADCAST: _broadcast_start, REDUCESCATTER: _reducescatter_start}
+_ZERO_PARTICIPANT = {ALLREDUCE: _allreduce_start, REDUCESCATTER: _reducescatter_start}
 
 
 def _join_start(op, gathered):
@@ -367,8 +374,8 @@ def _join_start(op, gathered):
 
 def join(device=-1, process_set=global_process_set, comm=None) -> int:
     """This rank has no more data: until every rank has joined, it takes part in the others'
-    allreduce/allgather/broadcast/reducescatter with zeros (or no rows). Returns the (global)
-    rank that joined last."""
+    allreduce/reducescatter with zeros; their allgather/broadcast raise on every rank, as in
+    Horovod. Returns the (global) rank that joined last."""
     state = state_of(process_set, comm)
     for pending in list(state.queue):  # this rank's own collectives come first
         E.progress(state, until=pending)

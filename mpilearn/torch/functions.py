@@ -56,6 +56,13 @@ def broadcast_optimizer_state(optimizer, root_rank, model=None, process_set=glob
     any optimizer whose ``state_dict`` loads back, LBFGS included."""
     state = state_of(process_set, comm)
     root = C._set_root(state, root_rank)
+    if not optimizer.state_dict()["state"]:
+        # like Horovod, an optimizer that has not stepped yet leaves with zero gradients on
+        # the parameters that take gradients (the state itself is created by the first step)
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                if p.requires_grad and p.grad is None:
+                    p.grad = torch.zeros_like(p)
     sd = _to_cpu(optimizer.state_dict()) if state.rank == root else None
     sd = broadcast_object(sd, root_rank, process_set=process_set, comm=comm)
     if state.rank != root:
@@ -70,3 +77,24 @@ def _to_cpu(obj):
     if isinstance(obj, (list, tuple)):
         return type(obj)(_to_cpu(v) for v in obj)
     return obj
+
+
+def sparse_allreduce_async(tensor, name, op, process_set=global_process_set, comm=None):
+    """A sparse COO tensor reduced as Horovod does it: its indices and values allgathered
+    (duplicates summed when used), values divided by the set size for Average. Returns a
+    callable that waits and gives the reduced sparse tensor."""
+    from .engine import Average
+
+    t = tensor.coalesce() if not tensor.is_coalesced() else tensor
+    # allgather concatenates along the first dimension: indices travel as (nnz, ndim)
+    indices = C.allgather_async(t._indices().transpose(0, 1).contiguous(), f"{name}.indices",
+                                process_set, comm)
+    values = C.allgather_async(t._values(), f"{name}.values", process_set, comm)
+    n = state_of(process_set, comm).size
+
+    def handle():
+        v, i = C.synchronize(values), C.synchronize(indices)
+        if op == Average:
+            v = v / n
+        return torch.sparse_coo_tensor(i.transpose(0, 1), v, t.size())
+    return handle

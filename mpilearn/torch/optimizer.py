@@ -153,6 +153,15 @@ def _check_named(optimizer, named_parameters) -> None:
                          "not named. Python object ids: " + ", ".join(map(str, unnamed)))
 
 
+def _parameter_names(optimizer, named_parameters) -> dict:
+    """Horovod's map parameter -> name; without ``named_parameters`` the same generated
+    names on every rank (``allreduce.noname.<group>.<index>``)."""
+    if named_parameters is not None:
+        return {v: k for k, v in sorted(named_parameters, key=lambda kv: kv[0])}
+    return {v: f"allreduce.noname.{i}.{j}" for i, g in enumerate(optimizer.param_groups)
+            for j, v in enumerate(g["params"])}
+
+
 def _groups(params, num_groups, groups):
     if groups is None and num_groups:
         groups = num_groups
@@ -184,6 +193,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     (Horovod's arguments; ``backend``, ``comm`` and ``fusion_threshold_bytes`` are
     mpilearn's: the gradient transport, an explicit communicator, and the bucket size)."""
     check_arguments(op, gradient_predivide_factor, backward_passes_per_step)
+    if named_parameters is not None:
+        named_parameters = list(named_parameters)   # a generator is read twice below
     _check_named(optimizer, named_parameters)
     params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
     group_list = _groups(params, num_groups, groups)
@@ -217,5 +228,6 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     optimizer.op = op
     optimizer.gradient_predivide_factor = gradient_predivide_factor
     optimizer.process_set = process_set
+    optimizer._parameter_names = _parameter_names(optimizer, named_parameters)
     optimizer._setup_distributed(reducer, hooks)
     return optimizer
