@@ -180,10 +180,21 @@ def broadcast(tensor, root_rank, name=None, ignore_name_scope=False,
 
 
 def broadcast_(variables, root_rank, name=None, process_set=global_process_set):
-    """Assign ``root_rank``'s values to ``variables`` in place; returns them."""
+    """Assign ``root_rank``'s values to ``variables`` in place (one graph op for all of them,
+    their broadcasts in flight together); returns them."""
+    C._set_root(state_of(process_set), root_rank)
     variables = list(variables)
-    values = [broadcast(v, root_rank, _member_name(name, i), process_set=process_set)
-              for i, v in enumerate(variables)]
+    if not variables:
+        return variables
+
+    def body(*arrays):
+        handles = [C.broadcast_async(to_torch(a, False), root_rank, _member_name(name, i),
+                                     process_set) for i, a in enumerate(arrays)]
+        return [to_numpy(C.synchronize(h), a.dtype) for h, a in zip(handles, arrays)]
+
+    values = run(body, [tf.convert_to_tensor(v) for v in variables],
+                 [tf.as_dtype(v.dtype) for v in variables], [v.shape for v in variables],
+                 "mpilearn_broadcast")
     for v, value in zip(variables, values):
         v.assign(value)
     return variables
