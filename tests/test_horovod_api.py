@@ -234,3 +234,23 @@ def test_mpilearn_run_runs_a_horovod_style_script():
     bad = subprocess.run([sys.executable, "-m", "mpilearn.run", "-np", "2", "-H", "a:1",
                           "python"], capture_output=True, text=True, env=ENV, timeout=60)
     assert bad.returncode == 2 and "only 1 slots" in bad.stderr
+
+
+def test_timeline_is_a_chrome_trace_of_each_collective(tmp_path):
+    path = tmp_path / "timeline.json"
+    code = ("import torch, mpilearn.torch as hvd; hvd.init(); "
+            f"hvd.start_timeline({str(path)!r}, mark_cycles=True); "
+            "hvd.allreduce(torch.ones(3), name='grad'); hvd.allgather(torch.ones(2)); "
+            "hvd.stop_timeline()")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV,
+                          cwd=REPO, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    import json
+    events = json.loads(path.read_text())
+    phases = [(e.get("tid"), e["name"], e["ph"]) for e in events if "tid" in e]
+    assert phases[:4] == [("allreduce.grad", "NEGOTIATE_ALLREDUCE", "B"),
+                          ("allreduce.grad", "NEGOTIATE_ALLREDUCE", "E"),
+                          ("allreduce.grad", "ALLREDUCE", "B"), ("allreduce.grad", "ALLREDUCE", "E")]
+    assert ("allgather.noname", "ALLGATHER", "E") in phases
+    assert sum(e["name"] == "CYCLE_START" for e in events) == 2
+    assert "start_time_since_epoch_in_micros" in events[0]["args"]

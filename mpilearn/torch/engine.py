@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from .. import comm as _comm
+from . import timeline
 
 # reduction ops, with Horovod's values
 Average, Sum, Adasum, Min, Max, Product = 0, 1, 2, 3, 4, 5
@@ -141,6 +142,8 @@ def submit(state, kind: int, name: Optional[str], record: np.ndarray, start: Cal
                              "If you want to request another tensor, use a different tensor "
                              f"name. (name: {name!r})")
     op = Op(state, kind, name, record, start, finish)
+    op.row = f"{KIND_NAMES[kind]}.{name if name is not None else 'noname'}"
+    timeline.record(op.row, "NEGOTIATE_" + KIND_NAMES[kind].upper(), "B", cycle=True)
     MPI = _comm.mpi()
     op.request = state.meta.Iallgather([record, MPI.INT64_T], [op.gathered, MPI.INT64_T])
     state.rounds += 1
@@ -174,6 +177,8 @@ def _post(op: Op, block: bool) -> bool:
         if not _ready(op.request, block):
             return False
         op.phase = "data"
+        timeline.record(op.row, "NEGOTIATE_" + KIND_NAMES[op.kind].upper(), "E")
+        timeline.record(op.row, KIND_NAMES[op.kind].upper(), "B")
         try:
             _set_stage(op, op.start(op, op.gathered))
         except Exception as exc:  # the same decision on every member: nobody posts data
@@ -208,6 +213,7 @@ def _fail(op: Op, exc: Exception) -> None:
 
 
 def _release(op: Op) -> None:
+    timeline.record(op.row, KIND_NAMES[op.kind].upper(), "E")
     state = op.state
     if op.name is not None and state.pending_names.get(op.name) is op:
         del state.pending_names[op.name]
