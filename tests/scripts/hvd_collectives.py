@@ -328,6 +328,18 @@ def test_join():
         assert torch.equal(v, torch.full((3,), float(N - step))), (step, v)
     last = hvd.join()
     assert last == N - 1, last
+    # Horovod's rule: while rank 0 has joined, the others' allgather and broadcast raise
+    # (on every rank, the joined one keeps serving), then they join too: nobody hangs
+    if R == 0:
+        assert hvd.join() == N - 1
+    else:
+        for call in (lambda: hvd.allgather(torch.ones(2)), lambda: hvd.broadcast(torch.ones(2), 1)):
+            try:
+                call()
+                raise AssertionError("a collective other than allreduce ran beside a joined rank")
+            except hvd.HorovodInternalError as exc:
+                assert "joined" in str(exc), exc
+        assert hvd.join() == N - 1
     ok("join")
 
 
