@@ -37,7 +37,7 @@ def test_every_horovod_tensorflow_name_exists():
     assert proc.returncode == 0, proc.stdout + proc.stderr[-2000:]
 
 
-@pytest.mark.parametrize("n", [1, 2, 3, 4])
+@pytest.mark.parametrize("n", [1, 2, 4])  # np=3 passes too; left out for CI time
 def test_tf_collectives_against_numpy_eager_and_graph(n):
     proc = mpirun(n, [f"{SCRIPTS}/hvd_tf_collectives.py"], env=TF_ENV, timeout=400)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
