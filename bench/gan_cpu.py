@@ -74,7 +74,7 @@ def main():
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out", default=os.path.join(REPO, "bench", "results", "gan_cpu"))
     a = ap.parse_args()
-    from mpilearn.simulate import simulate
+    from mpilearn.calo.simulate import simulate
 
     torch.set_num_threads(2)
     tmp = tempfile.mkdtemp(prefix="mpilearn-bench-")

@@ -30,7 +30,7 @@ PEAK_BF16 = {"H100": 989.4e12, "H200": 989.4e12}  # dense, SXM; per NVIDIA's dat
 
 def host_batch(n, seed):
     """A pre-processed batch as the loader yields it (random cells, energies, angles)."""
-    from mpilearn.data.calo import Preprocess
+    from mpilearn.calo.format import Preprocess
 
     rng = np.random.default_rng(seed)
     raw = {"ECAL": rng.random((n, 51, 51, 25), dtype=np.float32) * 1.2,

@@ -124,7 +124,7 @@ def test_stop_signal_resume_and_abort_under_downpour(toy_file, tmp_path):
 
 @pytest.mark.parametrize("model", ["gan3d.py", "gan3d_keras.py"])
 def test_the_gan_task_trains_both_models_under_easgd(model, tmp_path):
-    from mpilearn.simulate import simulate
+    from mpilearn.calo.simulate import simulate
 
     simulate(str(tmp_path / "showers"), 64, "angle", (100, 200), 1, 64, progress=False)
     out = str(tmp_path / "gan")

@@ -175,7 +175,7 @@ def test_real_sweep_of_the_supervised_model(toy_file, tmp_path):
 
 
 def test_short_sweep_of_the_small_3dgan_on_the_physics_score(tmp_path):
-    from mpilearn.simulate import simulate
+    from mpilearn.calo.simulate import simulate
 
     simulate(str(tmp_path / "showers"), 120, "angle", (100, 200), 4, 120, progress=False)
     cfg = {"model": f"{REPO}/models/gan3d.py", "hparams": {"preset": "small"},

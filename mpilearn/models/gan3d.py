@@ -18,8 +18,8 @@ import math
 import torch
 from torch import nn
 
-from mpilearn.data.calo import measured_angle
-from mpilearn.train.gan import GANTask, build_networks
+from mpilearn.calo.format import measured_angle
+from mpilearn.calo.gan import GANTask, build_networks
 
 DEFAULTS = {
     "variant": "angle",        # angle | fixed

@@ -13,8 +13,8 @@ import keras
 import numpy as np
 from keras import layers, ops
 
-from mpilearn.data.calo import EMPTY_ANGLE, MIN_LAYER_ENERGY, POWER  # shared by both twins
-from mpilearn.train.gan import build_networks
+from mpilearn.calo.format import EMPTY_ANGLE, MIN_LAYER_ENERGY, POWER  # shared by both twins
+from mpilearn.calo.gan import build_networks
 
 DEFAULTS = {"variant": "angle", "preset": "full", "dropout": 0.2, "batch_norm": True,
             "lr": 1e-3, "loss_weights": None, "label_flip": 0.05, "angle_key": "mtheta",
@@ -22,7 +22,7 @@ DEFAULTS = {"variant": "angle", "preset": "full", "dropout": 0.2, "batch_norm": 
 
 
 def measured_angle(images):
-    """§4c in keras.ops, as mpilearn.data.calo.measured_angle: (N, X, Y, Z) raw energies."""
+    """§4c in keras.ops, as mpilearn.calo.format.measured_angle: (N, X, Y, Z) raw energies."""
     _, nx, ny, nz = images.shape
     dt = images.dtype
     xs = ops.arange(nx, dtype=dt) + 0.5

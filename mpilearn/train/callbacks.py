@@ -68,7 +68,7 @@ class PhysicsValidation(Callback):
         epoch = record["epoch"]
         if epoch % self.every:
             return False
-        from ..physics import validate_task
+        from ..calo.physics import validate_task
 
         folder = os.path.join(self.output, "validation", f"epoch{epoch:04d}")
         title = f"run {os.path.basename(os.path.abspath(self.output))} epoch {epoch}"

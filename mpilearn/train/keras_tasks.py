@@ -17,7 +17,7 @@ import numpy as np
 from .. import keras as mkeras
 from ..errors import TrainingStopped
 from ..keras.optimizer import NONFINITE
-from .gan import GANProtocol
+from ..calo.gan import GANProtocol
 from .tasks import SupervisedTask, Task
 
 
@@ -160,7 +160,7 @@ class KerasSupervisedTask(KerasTask, SupervisedTask):
 
 
 class KerasGANTask(GANProtocol, KerasTask):
-    """The 3DGAN protocol (:class:`~mpilearn.train.gan.GANProtocol`: 2 D + 2 G updates per
+    """The 3DGAN protocol (:class:`~mpilearn.calo.gan.GANProtocol`: 2 D + 2 G updates per
     batch, global-batch loss scaling, per-event noise and label flips, the guards) with Keras
     models: one gradient tape per update, four per batch, as in the reference TF2 loop."""
 

@@ -22,8 +22,8 @@ from typing import Dict, Optional, Sequence
 import numpy as np
 import torch
 
-from ..data.calo import GEOMETRY, SAMPLED_ENERGY, Preprocess, ecal_fit
-from .tasks import Task, TrainingStopped, guarded_step
+from .format import GEOMETRY, SAMPLED_ENERGY, Preprocess, ecal_fit
+from ..train.tasks import Task, TrainingStopped, guarded_step
 
 DEFAULT_WEIGHTS = {"angle": [3.0, 0.1, 25.0, 0.1], "fixed": [2.0, 0.1, 0.1]}
 TERMS = {"angle": ["bce", "aux", "angle", "ecal"], "fixed": ["bce", "aux", "ecal"]}
