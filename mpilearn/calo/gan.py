@@ -54,7 +54,7 @@ def _mape(label, pred):
 
 class GANProtocol:
     """The framework-neutral half of the 3DGAN protocol, shared by the PyTorch
-    (:class:`GANTask`) and Keras (``keras_tasks.KerasGANTask``) tasks: loss weights and names,
+    (:class:`GANTask`) and Keras (``calo.keras_gan.KerasGANTask``) tasks: loss weights and names,
     data keys and preprocessing, the per-event draws, the fake batches' conditions, the
     global-batch scale, the reported means and the guards. Each framework writes only its four
     updates, evaluation and generation."""
@@ -96,6 +96,12 @@ class GANProtocol:
 
     def transform(self, batch):
         return self.preprocess(batch)
+
+    def callbacks(self, config: dict) -> tuple:
+        """Physics validation every ``train.validate_every`` epochs (0: none)."""
+        from .callbacks import PhysicsValidation
+
+        return (PhysicsValidation,) if config["train"]["validate_every"] else ()
 
     def check_files(self, files) -> None:
         """Rank 0, before training: shapes, energy key and finite cells in each file."""

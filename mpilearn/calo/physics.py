@@ -24,11 +24,9 @@ from typing import Dict, Optional
 import numpy as np
 
 from .format import measured_angle_np
-from .reference import index_moments, reference_metric, sampling_fraction_mre
+from .reference import (HIT_THRESHOLD, SPARSITY_EXPONENTS, SPECTRUM_BINS, index_moments,
+                        reference_metric, sampling_fraction_mre)
 
-HIT_THRESHOLD = 3e-4             # GeV, as the reference's hit plots
-SPECTRUM_BINS = np.logspace(-12, 1, 101)   # GeV
-SPARSITY_EXPONENTS = np.arange(-13, 1)     # fraction of cells above 10^k GeV
 ENERGY_BINS = 4
 
 

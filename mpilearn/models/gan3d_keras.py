@@ -200,7 +200,7 @@ class ReferenceRMSprop(keras.optimizers.RMSprop):
 def build(hparams):
     """The engine's entry point: a KerasGANTask (the reference RMSprop: lr 1e-3, rho 0.9,
     eps 1e-7 outside the square root)."""
-    from mpilearn.train.keras_tasks import KerasGANTask
+    from mpilearn.calo.keras_gan import KerasGANTask
 
     hp = {**DEFAULTS, **hparams}
     generator, discriminator = networks(hp)

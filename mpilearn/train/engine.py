@@ -28,7 +28,7 @@ from ..errors import TrainingStopped, UsageError
 from ..io import append_jsonl, read_jsonl
 from . import checkpoint as ckpt
 from . import loggers
-from .callbacks import EarlyStopping, EpochLog, PhysicsValidation
+from .callbacks import EarlyStopping, EpochLog, task_callbacks
 from .checks import (build_task, check_devices, check_framework, check_hparams, check_monitor,
                      check_output, check_precision, check_run_dir, clear_run_dir, default_output,
                      dry_run, open_files, remove_stale_temp)
@@ -162,14 +162,12 @@ class Trainer:
                              prefetch=self.config["data"]["prefetch"], transform=self.task.transform)
 
     def _default_callbacks(self) -> list:
-        """Physics validation (GAN tasks), the epoch log, early stopping: in this order."""
+        """The task's own (e.g. physics validation), the epoch log, early stopping: in this
+        order."""
         t, rank = self.config["train"], self.ctx.rank
-        out = []
-        if PhysicsValidation.applies(self.task, self.config):
-            events = self.val_events if len(self.val_events) else self.train_events
-            out.append(PhysicsValidation(self.task, self.val_source, events, self.ctx.comm,
-                                         self.output, self.config, self.log))
-        out.append(EpochLog(self.metrics_path, self.log, rank))
+        out = [cls.for_trainer(self) for cls in task_callbacks(self.task, self.config)]
+        headline = {name for cb in out for name in cb.headline}
+        out.append(EpochLog(self.metrics_path, self.log, rank, headline))
         es = t["early_stopping"]
         if es["patience"] > 0:
             out.append(EarlyStopping(es["monitor"], es["patience"], es["min_delta"], rank))

@@ -50,6 +50,11 @@ class Task:
         """Sums over the batch's events (the engine divides by the global event count)."""
         raise NotImplementedError
 
+    def callbacks(self, config: dict) -> tuple:
+        """Callback classes (``train/callbacks.py``) this task needs under ``config``, run
+        before the epoch log; the engine builds each with ``for_trainer``."""
+        return ()
+
     # -- shared machinery --------------------------------------------------------------
     def setup(self, comm, device: str, backend: str, fusion_bytes: int,
               distributed: bool = True) -> None:
