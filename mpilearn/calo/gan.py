@@ -148,6 +148,11 @@ class GANProtocol:
             sampled[:, j] = rng.uniform(*SAMPLED_ENERGY, 3)  # drawn last: streams unchanged
         return flips, noise, sampled
 
+    def generation_noise(self, index: np.ndarray) -> np.ndarray:
+        """The latent noise of generated events ``index`` (N, latent - conditions): keyed by
+        (seed, event) only, so any split of the events over ranks or batches draws the same."""
+        return self._draws(index, 0, purpose=1)[1][0]
+
     def fake_conditions(self, k: int, energy, angle, ecal, sampled):
         """(E/100, θ, Σ) of fake set ``k`` (0: D's fake batch, 1-2: the two G updates), the
         generator's conditioning and the auxiliary targets alike (reference 3dgan.md §2a/§2c).
@@ -299,10 +304,9 @@ class GANTask(GANProtocol, Task):
                  index: np.ndarray) -> np.ndarray:
         """Preprocessed-space showers for (E/100, θ); noise keyed by the event index."""
         self.generator.eval()
-        _, noise, _ = self._draws(index, 0, purpose=1)
         e = self.tensor(energy_label)
         a = self.tensor(angle) if angle is not None else None
-        out = self.generator(self.latent_input(self.tensor(noise[0]), e, a))
+        out = self.generator(self.latent_input(self.tensor(self.generation_noise(index)), e, a))
         return out.squeeze(1).cpu().numpy()
 
     @torch.no_grad()

@@ -126,10 +126,9 @@ class KerasGANTask(GANProtocol, KerasTask):
             raise
 
     def generate(self, energy_label, angle, index):
-        _, noise, _ = self._draws(index, 0, purpose=1)
         e = np.asarray(energy_label, dtype="float32")
         a = np.asarray(angle, dtype="float32") if angle is not None else None
-        out = self.generator(self.latent_input(noise[0], e, a), training=False)
+        out = self.generator(self.latent_input(self.generation_noise(index), e, a), training=False)
         return np.asarray(keras.ops.convert_to_numpy(out))[..., 0]
 
     def discriminate(self, images):

@@ -28,34 +28,7 @@ import numpy as np
 from ..launcher import RankZeroArgumentParser
 from ..comm import check_on_root
 from ..errors import UsageError, exit_status
-
-
-def _resolve_checkpoint(path: str) -> str:
-    from ..train import checkpoint as ckpt
-
-    if os.path.isdir(path):
-        found = ckpt.latest(path) or ckpt.latest(os.path.join(path, "checkpoints"))
-        if not found:
-            raise UsageError(f"no checkpoint in {path}")
-        return found
-    if os.path.basename(path) == ckpt.LATEST:
-        found = ckpt.latest(os.path.dirname(path))
-        if not found:
-            raise UsageError(f"{path} points to no existing checkpoint")
-        return found
-    if not os.path.isfile(path):
-        raise UsageError(f"checkpoint not found: {path}")
-    return path
-
-
-def _run_config(checkpoint: str, config: str = None) -> dict:
-    import yaml
-
-    path = config or os.path.join(os.path.dirname(os.path.dirname(checkpoint)), "config.yaml")
-    if not os.path.isfile(path):
-        raise UsageError(f"run config not found: {path} (give it with --config)")
-    with open(path) as f:
-        return yaml.safe_load(f)
+from .runs import load_task, resolve_checkpoint, run_config
 
 
 def prepare(args):
@@ -69,8 +42,8 @@ def prepare(args):
         raise UsageError(f"--json {args.json} is a folder, not a file")
     checkpoint = config = None
     if args.checkpoint:
-        checkpoint = _resolve_checkpoint(args.checkpoint)
-        config = _run_config(checkpoint, args.config)
+        checkpoint = resolve_checkpoint(args.checkpoint)
+        config = run_config(checkpoint, args.config)
         load_builder(config["model"])
     generated = expand_files(args.generated) if args.generated else None
     return checkpoint, config, expand_files(args.mc), generated
@@ -119,20 +92,6 @@ def _share(comm, files):
     return EventFiles.from_counts(*shared[:3], keys=shared[3])
 
 
-def _load_task(checkpoint: str, config: dict):
-    from ..builders import load_builder
-    from ..train import checkpoint as ckpt
-
-    task = load_builder(config["model"])(dict(config.get("hparams") or {}))
-    if not hasattr(task, "generate"):
-        raise UsageError(f"model {config['model']} is not a generative (GAN) task")
-    state = ckpt.load(checkpoint)
-    task.device = "cpu"
-    task.load_state_dict(state["task"])
-    steps = state.get("step_in_epoch")
-    return task, f"epoch {state.get('epoch')}" + (f" + {steps} steps" if steps else "")
-
-
 def main(argv=None) -> int:
     p = RankZeroArgumentParser(prog="python -m mpilearn.validate", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -156,7 +115,7 @@ def main(argv=None) -> int:
     try:
         checkpoint, config, mc_paths, gen_paths = ctx.comm.bcast(
             check_on_root(ctx.comm, prepare, args), root=0)
-        task, epoch = (_load_task(checkpoint, config) if checkpoint
+        task, epoch = (load_task(checkpoint, config) if checkpoint
                        else (_shower_format(mc_paths, args.angle_key), None))
         mc, generated = check_on_root(ctx.comm, lambda: (
             _open_files(task, mc_paths, "MC"),

@@ -102,7 +102,7 @@ class Generator(nn.Module):
         _glorot_normal(self.last)
 
     def forward(self, z):
-        x = self.dense(z).view(len(z), *self.seed_shape, self.channels)  # Keras reshape
+        x = self.dense(z).view(-1, *self.seed_shape, self.channels)  # Keras reshape; -1 keeps an exported batch dynamic
         x = x.permute(0, 4, 1, 2, 3)
         return torch.relu(self.last(self.body(x)))
 
