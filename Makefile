@@ -120,4 +120,5 @@ bench: $(STAMP) $(HVD_STAMP)
 	$(BIN)/python bench/keras_throughput.py $(BENCH)
 	$(BIN)/python bench/resnet_synthetic.py $(BENCH)
 	$(BIN)/python bench/gan_cpu.py $(BENCH)
+	$(BIN)/python bench/generate.py $(BENCH) --batches 1 16 100
 	$(BIN)/python bench/collect.py

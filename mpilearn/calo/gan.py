@@ -123,10 +123,13 @@ class GANProtocol:
                 if not np.isfinite(head).all():
                     raise UsageError(f"{path}: dataset 'ECAL' has NaN or infinite cells")
 
-    def _gan_state(self) -> dict:
-        return {"gan": {"steps": self.steps, "empty_batches": self.empty_batches}}
+    # first in both tasks' MRO: super() is the framework's Task (models and optimizers)
+    def state_dict(self) -> dict:
+        return {**super().state_dict(),
+                "gan": {"steps": self.steps, "empty_batches": self.empty_batches}}
 
-    def _load_gan_state(self, state: dict) -> None:
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
         self.steps = state["gan"]["steps"]
         self.empty_batches = state["gan"]["empty_batches"]
 
@@ -216,13 +219,6 @@ class GANTask(GANProtocol, Task):
         super().setup(comm, device, backend, fusion_bytes, distributed)
         self.comm = comm
         self.weights = self.weights.to(device)
-
-    def state_dict(self):
-        return {**super().state_dict(), **self._gan_state()}
-
-    def load_state_dict(self, state):
-        super().load_state_dict(state)
-        self._load_gan_state(state)
 
     def latent_input(self, noise, energy, angle):
         if self.variant == "angle":

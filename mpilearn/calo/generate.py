@@ -197,11 +197,11 @@ def produce(task, plan, table, args, comm, write=None):
     return n
 
 
-def _writer(h5, task, n: int):
+def _writer(h5, task, n: int, compress: bool = True):
     """Datasets for ``n`` events in ``h5``; returns write(start, energy, angle, cells_gev)."""
     g = GEOMETRY[task.variant]
-    ecal = h5.create_dataset("ECAL", (n, *g["shape"]), "float32", compression="gzip",
-                             compression_opts=1, chunks=(1, *g["shape"]))
+    opts = {"compression": "gzip", "compression_opts": 1} if compress else {}
+    ecal = h5.create_dataset("ECAL", (n, *g["shape"]), "float32", chunks=(1, *g["shape"]), **opts)
     energy = h5.create_dataset("energy", (n,), "float32")
     angle = h5.create_dataset(task.preprocess.angle_key, (n,), "float32") \
         if task.variant == "angle" else None
@@ -235,6 +235,9 @@ def main(argv=None) -> int:
     p.add_argument("--batch-size", type=int, default=100)
     p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda where there is one)")
+    p.add_argument("--compression", choices=("gzip", "none"), default="gzip",
+                   help="ECAL's compression (gzip level 1, as the simulated files; none: "
+                   "faster writing where rank 0's writes limit the rate)")
     p.add_argument("--no-progress", dest="progress", action="store_false")
     args = p.parse_args(argv)
     args.angle_given = args.angle is not None
@@ -265,7 +268,8 @@ def main(argv=None) -> int:
                 with h5py.File(f, "w") as h5:
                     h5.attrs.update({"checkpoint": plan.checkpoint, "seed": args.seed,
                                      "precision": args.precision})
-                    produce(task, plan, table, args, ctx.comm, _writer(h5, task, n))
+                    produce(task, plan, table, args, ctx.comm,
+                            _writer(h5, task, n, args.compression == "gzip"))
 
             atomic_write_bytes(args.output, write_all)
         else:

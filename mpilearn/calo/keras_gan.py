@@ -30,13 +30,6 @@ class KerasGANTask(GANProtocol, KerasTask):
         super().setup(comm, device, backend, fusion_bytes, distributed)
         self.comm = comm
 
-    def state_dict(self):
-        return {**super().state_dict(), **self._gan_state()}
-
-    def load_state_dict(self, state):
-        super().load_state_dict(state)
-        self._load_gan_state(state)
-
     def latent_input(self, noise, energy, angle):
         if self.variant == "angle":
             return keras.ops.concatenate([energy[:, None], angle[:, None], noise], axis=1)
