@@ -125,3 +125,42 @@ def test_the_full_generator_exports_to_onnx(tmp_path):
     model = ShowerModel(gan3d.networks({"preset": "full"})[0], "angle")
     export_onnx(model, str(tmp_path / "full.onnx"))
     assert check_onnx(str(tmp_path / "full.onnx"), model, (1, 3)) <= TOLERANCE
+
+
+def test_keras_runs_generate_alike_and_are_not_exported(showers_dir, tmp_path):
+    run = tmp_path / "keras"
+    proc = mpirun(1, train_args("--set", f"model={REPO}/models/gan3d_keras.py",
+                                "--set", f"data.files=[{showers_dir}/*.h5]", "--set", "hparams.preset=small",
+                                "--set", "train.batch_size=8", "--set", "train.epochs=1",
+                                "--set", "train.max_steps_per_epoch=1", "--output", str(run)),
+                  env={"TF_CPP_MIN_LOG_LEVEL": "2"})
+    assert proc.returncode == 0, proc.stderr
+    args = ("--events", "6", "--batch-size", "4", "--energy", "120", "--angle", "80", "100")
+    one, two = generate(1, run, tmp_path / "one.h5", *args), generate(2, run, tmp_path / "two.h5", *args)
+    assert one.returncode == 0, one.stderr
+    assert two.returncode == 0, two.stderr
+    with h5py.File(tmp_path / "one.h5") as a, h5py.File(tmp_path / "two.h5") as b:
+        assert a["ECAL"].shape == (6, 51, 51, 25) and np.isfinite(a["ECAL"][:]).all()
+        np.testing.assert_array_equal(a["ECAL"][:], b["ECAL"][:])
+        assert (a["energy"][:] == 120).all()
+    proc = mpirun(1, ["-m", "mpilearn.export", str(run)])
+    assert proc.returncode == 2 and "Keras" in proc.stderr
+
+
+def test_a_run_directory_means_its_best_checkpoint_where_there_is_one(tmp_path):
+    from mpilearn.calo.runs import resolve_checkpoint
+
+    folder = tmp_path / "checkpoints"
+    folder.mkdir()
+    for name in ("ckpt-e0001-s0000000.pt", "ckpt-e0002-s0000000.pt"):
+        (folder / name).write_bytes(b"x" * 2048)
+    (folder / "latest").write_text("ckpt-e0002-s0000000.pt\n")
+    assert resolve_checkpoint(str(tmp_path), prefer_best=True).endswith("e0002-s0000000.pt")
+    (folder / "best").write_text("ckpt-e0001-s0000000.pt\n")  # a pointer, as 'latest'
+    assert resolve_checkpoint(str(tmp_path), prefer_best=True).endswith("e0001-s0000000.pt")
+    assert resolve_checkpoint(str(tmp_path)).endswith("e0002-s0000000.pt")  # validate: latest
+    (folder / "best").unlink()
+    (folder / "best").mkdir()  # or a folder of its own
+    (folder / "best" / "ckpt-e0001-s0000003.pt").write_bytes(b"x" * 2048)
+    assert resolve_checkpoint(str(folder / "best")).endswith("best/ckpt-e0001-s0000003.pt")
+    assert resolve_checkpoint(str(tmp_path), prefer_best=True).endswith("best/ckpt-e0001-s0000003.pt")
