@@ -78,6 +78,8 @@ def prepare(config: dict, world_size: int, resume) -> dict:
         n_events = len(files)
     space = Space.from_config(s["space"], defaults,
                               known=set(declared) if "callable" not in obj else None)
+    if "callable" not in obj:
+        check_space_values(config["model"], space)
     n_objectives = len(obj["directions"])
     make_searcher(s["searcher"], space, s["seed"], n_objectives, **s["options"])
     if s["pruner"] != "none" and n_objectives > 1:
@@ -96,6 +98,23 @@ def prepare(config: dict, world_size: int, resume) -> dict:
     os.makedirs(output, exist_ok=True)
     dump(config, os.path.join(output, "config.yaml"))
     return {"output": output, "n_events": n_events}
+
+
+def check_space_values(model: str, space) -> None:
+    """The space's bounds and choices lie inside the values the model declares (``HPARAMS``):
+    a sweep whose trials would fail on a bad value is bad input before it starts."""
+    from .builders import check_value, declared_values
+
+    rules = declared_values(model)
+    for p in space.params:
+        if p.name not in rules:
+            continue
+        ends = p.choices if p.type == "categorical" else (p.low, p.high)
+        for value in ends:
+            try:
+                check_value(p.name, value, rules[p.name])
+            except UsageError as err:
+                raise UsageError(f"search.space.{p.name}: {err}") from None
 
 
 def check_points(points, space) -> None:

@@ -220,7 +220,9 @@ def test_trial_time_limit(toy_file, tmp_path):
     (3, {"space": {"hiden": {"type": "int", "low": 8, "high": 64}}},
      "search.space.hiden: the model has no hyperparameter 'hiden' (did you mean 'hidden'?)"),
     (3, {"model_hparams": {"optimizer": "adamw"}},
-     "build(hparams) failed with the default hyperparameters: ValueError"),
+     "hparams.optimizer is 'adamw': not one of 'adam', 'sgd'; did you mean 'adam'?"),
+    (3, {"space": {"momentum": {"type": "real", "low": 0.5, "high": 1.5}}},
+     "search.space.momentum: hparams.momentum is 1.5: must be a number in [0, 1]"),
     (3, {"model_hparams": {"hiden": 16}},
      "hparams.hiden: the model " + f"{REPO}/models/mlp.py" + " has no hyperparameter 'hiden' "
      "(did you mean 'hidden'?)"),

@@ -106,8 +106,9 @@ def clear_run_dir(path: str) -> None:
 
 def check_hparams(model: str, hparams: dict) -> None:
     """Rank 0: a model that declares ``DEFAULTS`` takes no other hyperparameter (a typo would
-    train with the default, silently)."""
-    from ..builders import default_hparams
+    train with the default, silently), and the values it declares in ``HPARAMS`` are in range
+    (``preset: smal`` would train the full model)."""
+    from ..builders import check_values, default_hparams
 
     declared = default_hparams(model)
     for name in hparams if declared else ():
@@ -115,6 +116,7 @@ def check_hparams(model: str, hparams: dict) -> None:
             raise UsageError(f"hparams.{name}: the model {model} has no hyperparameter "
                              f"'{name}'{did_you_mean(name, declared)}; its DEFAULTS are: "
                              f"{', '.join(sorted(declared))}")
+    check_values(model, hparams)
 
 
 def build_task(builder, spec: str, hparams: dict, comm):
