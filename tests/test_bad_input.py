@@ -50,6 +50,10 @@ CASES = [
     (["--set", "train.early_stopping.patience=2", "--set", "train.early_stopping.monitor=val_los"],
      "train.early_stopping.monitor 'val_los' is not a metric this run logs (did you mean "
      "'val_loss'?)", MLP),
+    (["--set", "train.best.monitor=samples_per_s"], "train.best.mode is needed for monitor "
+     "'samples_per_s' (min or max): the direction is inferred only for", MLP),
+    (["--set", "train.best.monitor=val_los"], "train.best.monitor 'val_los' is not a metric "
+     "this run logs (did you mean 'val_loss'?)", MLP),
     (["--set", "train.precision=bf16"], "train.precision=bf16 is for PyTorch models; for a "
      "Keras model call keras.mixed_precision.set_global_policy('mixed_bfloat16')",
      f"{REPO}/models/keras_mlp.py"),
