@@ -10,7 +10,8 @@ own training run). ``--resume`` replays the journal, rebuilds the searcher and r
 trials that were in flight, each fold from its own checkpoint; ``--resume auto`` also starts
 a sweep that does not exist yet (requeued batch jobs). SIGTERM or SIGUSR1 stops the sweep:
 no new trials, folds in flight checkpoint after their current step, exit status 75.
-Then ``python -m mpilearn.report RUN_DIR``.
+Then ``python -m mpilearn.report RUN_DIR``, and ``python -m mpilearn.refit RUN_DIR`` for the final
+model (the best trial trained on all data, scored on ``search.test_files``).
 """
 from __future__ import annotations
 
@@ -70,6 +71,9 @@ def prepare(config: dict, world_size: int, resume) -> dict:
         files = EventFiles(expand_files(config["data"]["files"]), task.keys, task.optional_keys)
         if hasattr(task, "check_files"):
             task.check_files(files)
+        if config["data"]["test_files"]:
+            raise UsageError("data.test_files in a sweep: give them as search.test_files (never "
+                             "read by the search; python -m mpilearn.refit scores them)")
         test = set(map(os.path.abspath, expand_files(s["test_files"])))
         overlap = test & set(map(os.path.abspath, files.paths))
         if overlap:
