@@ -10,8 +10,9 @@ own training run). ``--resume`` replays the journal, rebuilds the searcher and r
 trials that were in flight, each fold from its own checkpoint; ``--resume auto`` also starts
 a sweep that does not exist yet (requeued batch jobs). SIGTERM or SIGUSR1 stops the sweep:
 no new trials, folds in flight checkpoint after their current step, exit status 75.
-Then ``python -m mpilearn.report RUN_DIR``, and ``python -m mpilearn.refit RUN_DIR`` for the final
-model (the best trial trained on all data, scored on ``search.test_files``).
+Then ``python -m mpilearn.report RUN_DIR``, and ``python -m mpilearn.refit RUN_DIR`` (or
+``python -m mpilearn.optimize --refit RUN_DIR``) for the final model: the best trial trained on
+all data, scored on ``search.test_files``.
 """
 from __future__ import annotations
 
@@ -233,6 +234,12 @@ def summary(state, obj, coordinator, output: str) -> str:
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if "--refit" in argv:  # --refit RUN [--trial KEY]: the same as python -m mpilearn.refit RUN
+        from .refit import main as refit
+
+        argv.remove("--refit")
+        return refit(argv)
     p = RankZeroArgumentParser(prog="python -m mpilearn.optimize", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", required=True, help="sweep config (YAML): training keys + 'search'")

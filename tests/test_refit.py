@@ -27,7 +27,8 @@ def test_refit_of_the_best_trial_writes_a_model_and_a_test_score(toy_files, toy_
             if r["status"] == "done"}
     best = min(done, key=lambda k: done[k]["value"])
 
-    bad = mpirun(2, ["-m", "mpilearn.refit", str(sweep), "--trial", "nosuchkey"], timeout=120)
+    bad = mpirun(2, ["-m", "mpilearn.optimize", "--refit", str(sweep), "--trial", "nosuchkey"],
+                 timeout=120)  # the alias of python -m mpilearn.refit
     assert bad.returncode == 2 and bad.stderr.count("mpilearn: error:") == 1, bad.stderr
     assert "--trial nosuchkey is not a trial of" in bad.stderr
 
