@@ -18,7 +18,7 @@ import os
 import sys
 from typing import Optional
 
-from .errors import UsageError, exit_status
+from .errors import UsageError
 from .launcher import RankZeroArgumentParser
 
 POINTER = "refit.json"
@@ -85,41 +85,36 @@ def main(argv=None) -> int:
                    help="override a training key of the refit, e.g. train.epochs=20")
     p.add_argument("--resume", nargs="?", const="latest", choices=("latest", "auto"))
     p.add_argument("--overwrite", action="store_true", help="replace an earlier refit")
+    p.add_argument("--force", action="store_true", help="with --resume: accept a changed config")
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
-    from . import comm as mcomm
-    from . import preempt
-    from .comm import check_on_root
-    from .config import resolve
+    from .train.__main__ import run
 
-    preempt.install()
-    ctx = mcomm.init()
-    try:
-        line = mcomm.check_launch(ctx)
-        if ctx.rank == 0:
-            print(line, flush=True)
-        chosen = check_on_root(ctx.comm, choose_trial, args.run_dir, args.trial)
-        sweep, trial = ctx.comm.bcast(chosen, root=0)
+    chosen = {}
+
+    def config(ctx):
+        from .comm import check_on_root
+        from .config import resolve
+
+        found = check_on_root(ctx.comm, choose_trial, args.run_dir, args.trial)
+        sweep, trial = ctx.comm.bcast(found, root=0)
         output = args.output or os.path.join(args.run_dir, "refit")
-        config = resolve(None, args.set, base=training_config(sweep, trial["params"], output))
+        chosen.update(trial, output=output)
         if ctx.rank == 0:
             scores = ", ".join(f"{m} {v:.5g}" for m, v in zip(trial["metric"], trial["values"]))
             print(f"mpilearn: refit of trial {trial['trial']} ({trial['key']}; cross-validated "
                   f"{scores}): {trial['params']}", flush=True)
-        from .train.engine import Trainer
+        return resolve(None, args.set, base=training_config(sweep, trial["params"], output))
 
-        resume = {None: False, "latest": True, "auto": "auto"}[args.resume]
-        last = Trainer(config, ctx, output=output, resume=resume, overwrite=args.overwrite,
-                       progress=not args.no_progress).fit()
-    except Exception as err:  # mpilearn's own errors become statuses; others abort the job
-        return exit_status(err, ctx.rank)
-    if ctx.rank == 0:
-        from .io import atomic_write_text
+    def record(ctx, last):
+        if ctx.rank == 0:
+            from .io import atomic_write_text
 
-        record = {"output": output, **{k: trial[k] for k in ("trial", "key", "params", "values")},
-                  "test": last.get("test")}
-        atomic_write_text(os.path.join(args.run_dir, POINTER), json.dumps(record, indent=1))
-    return 0
+            done = {**{k: chosen[k] for k in ("output", "trial", "key", "params", "values")},
+                    "test": last.get("test")}
+            atomic_write_text(os.path.join(args.run_dir, POINTER), json.dumps(done, indent=1))
+
+    return run(args, config, record)
 
 
 if __name__ == "__main__":

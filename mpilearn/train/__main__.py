@@ -76,9 +76,27 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+
+    def config(ctx):
+        from ..config import resolve
+
+        base = None
+        if args.demo:
+            from ..defaults import default_config, ensure_data
+
+            base = default_config()
+            ensure_data(ctx.comm)
+        return resolve(args.config, args.set, base)
+
+    return run(args, config)
+
+
+def run(args, make_config, after=None) -> int:
+    """The body of every command that trains one run (this one, ``mpilearn.refit``): stop
+    signals, MPI, the launcher check, ``make_config(ctx)``, the Trainer, then
+    ``after(ctx, last epoch record)``; the exit status."""
     from .. import comm as mcomm
     from .. import preempt
-    from ..config import resolve
 
     preempt.install()
     ctx = mcomm.init()
@@ -86,13 +104,7 @@ def main(argv=None) -> int:
         line = mcomm.check_launch(ctx)
         if ctx.rank == 0:
             print(line, flush=True)
-        base = None
-        if args.demo:
-            from ..defaults import default_config, ensure_data
-
-            base = default_config()
-            ensure_data(ctx.comm)
-        config = resolve(args.config, args.set, base)
+        config = make_config(ctx)
         if args.resume and not (args.output or config["output"]):
             raise UsageError("--resume needs the run directory: --output DIR")
         from .engine import Trainer
@@ -101,7 +113,9 @@ def main(argv=None) -> int:
         trainer = Trainer(config, ctx, output=args.output, resume=resume,
                           progress=not args.no_progress, overwrite=args.overwrite,
                           force=args.force)
-        trainer.fit()
+        last = trainer.fit()
+        if after is not None:
+            after(ctx, last)
     except Exception as err:  # mpilearn's own errors become statuses; others abort the job
         return exit_status(err, ctx.rank)
     return 0
