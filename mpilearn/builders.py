@@ -51,11 +51,14 @@ def load_builder(spec: str):
     return builder
 
 
+def _declared(spec: str, name: str) -> dict:
+    module = sys.modules.get(load_builder(spec).__module__)
+    return dict(getattr(module, name, {}) or {})
+
+
 def default_hparams(spec: str) -> dict:
     """A model file may declare ``DEFAULTS = {...}``: its hyperparameters and their defaults."""
-    builder = load_builder(spec)
-    module = sys.modules.get(builder.__module__)
-    return dict(getattr(module, "DEFAULTS", {}) or {})
+    return _declared(spec, "DEFAULTS")
 
 
 # -- declared values: ``HPARAMS`` next to ``DEFAULTS`` ---------------------------------------
@@ -67,9 +70,7 @@ _INTERVAL = re.compile(r"^\s*(int\s+)?([\[(])\s*([^,\s]+)\s*,\s*([^\])\s]+)\s*([
 
 def declared_values(spec: str) -> dict:
     """The model file's ``HPARAMS`` (name -> allowed values or interval); {} if none."""
-    builder = load_builder(spec)
-    module = sys.modules.get(builder.__module__)
-    return dict(getattr(module, "HPARAMS", {}) or {})
+    return _declared(spec, "HPARAMS")
 
 
 def _interval(rule: str):
@@ -103,10 +104,9 @@ def check_value(name: str, value, rule) -> None:
         raise UsageError(f"hparams.{name} is {value!r}: must be {kind} in {interval}")
 
 
-def check_values(spec: str, hparams: dict) -> None:
-    """Every declared hyperparameter of ``{**DEFAULTS, **hparams}`` against ``HPARAMS``."""
-    rules = declared_values(spec)
-    merged = {**default_hparams(spec), **hparams}
-    for name, rule in rules.items():
+def check_values(spec: str, hparams: dict, defaults: dict) -> None:
+    """Every declared hyperparameter of ``{**defaults, **hparams}`` against ``HPARAMS``."""
+    merged = {**defaults, **hparams}
+    for name, rule in declared_values(spec).items():
         if name in merged:
             check_value(name, merged[name], rule)

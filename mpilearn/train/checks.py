@@ -117,7 +117,7 @@ def check_hparams(model: str, hparams: dict) -> None:
             raise UsageError(f"hparams.{name}: the model {model} has no hyperparameter "
                              f"'{name}'{did_you_mean(name, declared)}; its DEFAULTS are: "
                              f"{', '.join(sorted(declared))}")
-    check_values(model, hparams)
+    check_values(model, hparams, declared)
 
 
 def build_task(builder, spec: str, hparams: dict, comm):
