@@ -62,8 +62,8 @@ def choose_trial(run_dir: str, trial: Optional[str] = None) -> tuple:
 
 
 def training_config(sweep: dict, params: dict, output: str) -> dict:
-    """The sweep's training keys with the trial's point applied, all data for training, the
-    sweep's test files to score."""
+    """The sweep's training keys with the trial's point applied, all data for training (early
+    stopping and the best checkpoint on a ``val_`` metric off), the sweep's test files."""
     from .hpo.space import apply
 
     config = {k: v for k, v in sweep.items() if k != "search"}
@@ -72,6 +72,13 @@ def training_config(sweep: dict, params: dict, output: str) -> dict:
     config["data"] = {**sweep.get("data", {}), "val_files": [], "val_fraction": 0.0,
                       "test_files": test}
     config["output"] = output
+    # nothing is held out, so nothing is validated: what watches a val_ metric is turned off
+    train = config.setdefault("train", {})
+    es, best = train.get("early_stopping") or {}, train.get("best") or {}
+    if es.get("patience") and str(es.get("monitor", "val_loss")).startswith("val_"):
+        train["early_stopping"] = {**es, "patience": 0}
+    if str(best.get("monitor", "")).startswith("val_"):
+        train["best"] = {**best, "monitor": "none"}
     return config
 
 

@@ -15,7 +15,8 @@ from mpilearn.hpo.journal import Journal
 def test_refit_of_the_best_trial_writes_a_model_and_a_test_score(toy_files, toy_file, tmp_path):
     sweep = tmp_path / "sweep"
     cfg = {"model": f"{REPO}/models/mlp.py", "data": {"files": toy_files},
-           "train": {"epochs": 1, "batch_size": 16}, "output": str(sweep),
+           "train": {"epochs": 1, "batch_size": 16, "early_stopping": {"patience": 2}},
+           "output": str(sweep),
            "search": {"searcher": "random", "budget": 3, "blocks": 1, "folds": 2,
                       "test_files": [toy_file],
                       "space": {"lr": {"type": "real", "low": 1e-3, "high": 0.05, "log": True}}}}
@@ -39,6 +40,7 @@ def test_refit_of_the_best_trial_writes_a_model_and_a_test_score(toy_files, toy_
     params = Journal(str(sweep / "journal.jsonl")).replay().started[best]["params"]
     assert used["hparams"]["lr"] == params["lr"] and "search" not in used
     assert used["data"]["val_fraction"] == 0 and used["data"]["test_files"] == [toy_file]
+    assert used["train"]["early_stopping"]["patience"] == 0  # nothing validated to watch
     epoch = [r for r in map(json.loads, open(out / "metrics.jsonl")) if "time" in r]
     assert epoch[-1]["step"] == 1024 // (16 * 2)  # every training event, no fold held out
     assert os.path.exists(out / "models" / "model.pt")

@@ -68,6 +68,14 @@ def improved(value, best, mode: str, min_delta: float = 0.0) -> bool:
     return value < best - min_delta if mode == "min" else value > best + min_delta
 
 
+def keep_if_improved(task, output: str, checkpoint: Optional[str], callbacks) -> None:
+    """After an epoch's checkpoint was written (``checkpoint``: its path on rank 0, None
+    elsewhere): :func:`keep` it if the best-checkpoint tracker saw an improvement."""
+    tracker = next((cb for cb in callbacks if cb.name == "best"), None)
+    if checkpoint and tracker is not None and tracker.improved:
+        keep(task, output, checkpoint, tracker)
+
+
 def keep(task, output: str, checkpoint: str, tracker) -> None:
     """Rank 0, after an improving epoch was checkpointed: ``checkpoints/best.pt`` becomes a
     copy of ``checkpoint`` (atomically) and ``models/best/`` its export (swapped in whole)."""

@@ -307,10 +307,7 @@ class Trainer:
             self.epoch += 1
             self.step_in_epoch = 0
             self.acc = self._empty_acc()
-            path = self._save()
-            tracker = next((cb for cb in self.callbacks if cb.name == "best"), None)
-            if path and tracker is not None and tracker.improved:
-                best.keep(self.task, self.output, path, tracker)
+            best.keep_if_improved(self.task, self.output, self._save(), self.callbacks)
         if self.test_files is not None:
             last["test"] = test_pass(self.task, self.test_files, self.config["train"]["batch_size"],
                                      self.ctx.comm, self.output, self.epoch)
