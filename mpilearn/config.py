@@ -22,6 +22,7 @@ SCHEMA: Dict[str, Any] = {
     "data": {
         "files": [],        # HDF5 files or glob patterns with the training events
         "val_files": [],    # validation files; if empty, val_fraction of the events is held out
+        "test_files": [],   # held-out files scored once after the last epoch (test.json)
         "val_fraction": 0.1,
         "shuffle": True,
         "prefetch": 4,      # batches read ahead by the background thread
@@ -46,6 +47,11 @@ SCHEMA: Dict[str, Any] = {
             "monitor": "val_loss",
             "patience": 0,           # epochs without improvement; 0 = off
             "min_delta": 0.0,
+            "mode": "",              # min | max; inferred for the project's own metrics
+        },
+        "best": {                    # checkpoints/best.pt and models/best/ (mpilearn.train.best)
+            "monitor": "auto",       # auto (physics: sampling_fraction_mre, else val_loss) | none | a metric
+            "mode": "",              # min | max; inferred for the project's own metrics
         },
         "checkpoint_every_steps": 0,  # 0 = at the end of every epoch only
         "keep_checkpoints": 3,
@@ -71,6 +77,8 @@ CHOICES = {
     "train.precision": ("fp32", "bf16"),
     "device.type": ("auto", "cpu", "cuda"),
     "data.on_error": ("stop", "skip"),
+    "train.best.mode": ("", "min", "max"),
+    "train.early_stopping.mode": ("", "min", "max"),
 }
 
 FREE_FORM = {"hparams", "search.space", "search.objective", "search.options",
@@ -207,7 +215,7 @@ def resolve(path: Optional[str], sets: Iterable[str] = (), base: Optional[dict] 
     for layer, source in layers:
         _check(layer, schema, "", source)
         config = merge(config, layer)
-    for key in ("files", "val_files"):
+    for key in ("files", "val_files", "test_files"):
         if isinstance(config["data"][key], str):
             config["data"][key] = [config["data"][key]]
     if require_model and not config["model"]:

@@ -10,7 +10,9 @@ own training run). ``--resume`` replays the journal, rebuilds the searcher and r
 trials that were in flight, each fold from its own checkpoint; ``--resume auto`` also starts
 a sweep that does not exist yet (requeued batch jobs). SIGTERM or SIGUSR1 stops the sweep:
 no new trials, folds in flight checkpoint after their current step, exit status 75.
-Then ``python -m mpilearn.report RUN_DIR``.
+Then ``python -m mpilearn.report RUN_DIR``, and ``python -m mpilearn.refit RUN_DIR`` (or
+``python -m mpilearn.optimize --refit RUN_DIR``) for the final model: the best trial trained on
+all data, scored on ``search.test_files``.
 """
 from __future__ import annotations
 
@@ -70,6 +72,9 @@ def prepare(config: dict, world_size: int, resume) -> dict:
         files = EventFiles(expand_files(config["data"]["files"]), task.keys, task.optional_keys)
         if hasattr(task, "check_files"):
             task.check_files(files)
+        if config["data"]["test_files"]:
+            raise UsageError("data.test_files in a sweep: give them as search.test_files (never "
+                             "read by the search; python -m mpilearn.refit scores them)")
         test = set(map(os.path.abspath, expand_files(s["test_files"])))
         overlap = test & set(map(os.path.abspath, files.paths))
         if overlap:
@@ -78,6 +83,8 @@ def prepare(config: dict, world_size: int, resume) -> dict:
         n_events = len(files)
     space = Space.from_config(s["space"], defaults,
                               known=set(declared) if "callable" not in obj else None)
+    if "callable" not in obj:
+        check_space_values(config["model"], space)
     n_objectives = len(obj["directions"])
     make_searcher(s["searcher"], space, s["seed"], n_objectives, **s["options"])
     if s["pruner"] != "none" and n_objectives > 1:
@@ -96,6 +103,23 @@ def prepare(config: dict, world_size: int, resume) -> dict:
     os.makedirs(output, exist_ok=True)
     dump(config, os.path.join(output, "config.yaml"))
     return {"output": output, "n_events": n_events}
+
+
+def check_space_values(model: str, space) -> None:
+    """The space's bounds and choices lie inside the values the model declares (``HPARAMS``):
+    a sweep whose trials would fail on a bad value is bad input before it starts."""
+    from .builders import check_value, declared_values
+
+    rules = declared_values(model)
+    for p in space.params:
+        if p.name not in rules:
+            continue
+        ends = p.choices if p.type == "categorical" else (p.low, p.high)
+        for value in ends:
+            try:
+                check_value(p.name, value, rules[p.name])
+            except UsageError as err:
+                raise UsageError(f"search.space.{p.name}: {err}") from None
 
 
 def check_points(points, space) -> None:
@@ -210,6 +234,12 @@ def summary(state, obj, coordinator, output: str) -> str:
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if "--refit" in argv:  # --refit RUN [--trial KEY]: the same as python -m mpilearn.refit RUN
+        from .refit import main as refit
+
+        argv.remove("--refit")
+        return refit(argv)
     p = RankZeroArgumentParser(prog="python -m mpilearn.optimize", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", required=True, help="sweep config (YAML): training keys + 'search'")

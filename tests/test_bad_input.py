@@ -41,12 +41,19 @@ def h5(path, **datasets):
 CASES = [
     (["--set", "train.seed=-1"], "'train.seed' must be in [0, 2**32), got -1", MLP),
     (["--set", "hparams.optimizer=adamw"],
-     "build(hparams) failed: ValueError: hparams.optimizer must be adam or sgd, got 'adamw'", MLP),
+     "hparams.optimizer is 'adamw': not one of 'adam', 'sgd'; did you mean 'adam'?", MLP),
+    (["--set", "hparams.layers=1.5"], "hparams.layers is 1.5: must be an integer in [0, inf)", MLP),
+    (["--set", "hparams.preset=smal"], "hparams.preset is 'smal': not one of 'full', 'small'; "
+     "did you mean 'small'?", f"{REPO}/models/gan3d.py"),
     ([], "build(hparams) returned dict, expected a task", f"{TESTS}/models/wrong_type.py"),
     (["--set", "hparams.features=10"], "the data do not fit the model: a batch of", MLP),
     (["--set", "train.early_stopping.patience=2", "--set", "train.early_stopping.monitor=val_los"],
      "train.early_stopping.monitor 'val_los' is not a metric this run logs (did you mean "
      "'val_loss'?)", MLP),
+    (["--set", "train.best.monitor=samples_per_s"], "train.best.mode is needed for monitor "
+     "'samples_per_s' (min or max): the direction is inferred only for", MLP),
+    (["--set", "train.best.monitor=val_los"], "train.best.monitor 'val_los' is not a metric "
+     "this run logs (did you mean 'val_loss'?)", MLP),
     (["--set", "train.precision=bf16"], "train.precision=bf16 is for PyTorch models; for a "
      "Keras model call keras.mixed_precision.set_global_policy('mixed_bfloat16')",
      f"{REPO}/models/keras_mlp.py"),

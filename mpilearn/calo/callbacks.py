@@ -38,6 +38,15 @@ class PhysicsValidation(Callback):
         return ({*HEADLINE_PHYSICS, "physics_sampling_fraction_mre_error"}
                 | {f"physics_{p}{t}" for p in ("", "reference_") for t in terms})
 
+    @classmethod
+    def metric_modes(cls, task, config):
+        return {n: "min" for n in HEADLINE_PHYSICS}
+
+    @classmethod
+    def preferred_monitor(cls, task, config):
+        # the reference picks its epoch by the sampling-fraction error (SelectEpoch)
+        return "sampling_fraction_mre"
+
     def on_epoch_end(self, record):
         epoch = record["epoch"]
         if epoch % self.every:

@@ -33,6 +33,10 @@ DEFAULTS = {
     "seed": 0,                 # noise and label-flip streams
     "dtype": "float32",        # float64 for exact equivalence tests
 }
+HPARAMS = {"variant": ["angle", "fixed"], "preset": ["full", "small"], "lr": "[0, inf)",
+           "label_flip": "[0, 1]", "dropout": "[0, 1)", "batch_norm": [True, False],
+           "angle_key": ["mtheta", "theta"], "seed": "int [0, inf)",
+           "dtype": ["float32", "float64"]}
 POWER = 0.85
 
 

@@ -19,6 +19,9 @@ from mpilearn.calo.gan import build_networks
 DEFAULTS = {"variant": "angle", "preset": "full", "dropout": 0.2, "batch_norm": True,
             "lr": 1e-3, "loss_weights": None, "label_flip": 0.05, "angle_key": "mtheta",
             "seed": 0}
+HPARAMS = {"variant": ["angle", "fixed"], "preset": ["full", "small"], "lr": "[0, inf)",
+           "label_flip": "[0, 1]", "dropout": "[0, 1)", "batch_norm": [True, False],
+           "angle_key": ["mtheta", "theta"], "seed": "int [0, inf)"}
 
 
 def measured_angle(images):

@@ -14,6 +14,7 @@ from typing import Callable, Optional
 
 from ..errors import UsageError
 from ..io import append_jsonl
+from .best import improved
 
 
 class Callback:
@@ -30,6 +31,16 @@ class Callback:
     def metric_names(cls, task, config: dict) -> set:
         """The names this callback adds to every epoch record of ``task`` under ``config``."""
         return set()
+
+    @classmethod
+    def metric_modes(cls, task, config: dict) -> dict:
+        """Name -> min | max for the metrics it adds whose direction is known."""
+        return {}
+
+    @classmethod
+    def preferred_monitor(cls, task, config: dict) -> str:
+        """The metric ``train.best.monitor: auto`` follows when this callback applies."""
+        return ""
 
     def on_epoch_end(self, record: dict) -> bool:
         """Called on every rank; may add to ``record``; True asks training to stop."""
@@ -65,35 +76,66 @@ class EpochLog(Callback):
 
 
 class EarlyStopping(Callback):
-    """Stops when ``monitor`` has not improved by ``min_delta`` for ``patience`` epochs."""
+    """Stops when ``monitor`` has not improved by ``min_delta`` (in its ``mode``'s direction)
+    for ``patience`` epochs; an epoch that does not log it counts neither way."""
 
     name = "early_stopping"
 
-    def __init__(self, monitor: str, patience: int, min_delta: float, rank: int = 0):
+    def __init__(self, monitor: str, patience: int, min_delta: float, rank: int = 0,
+                 mode: str = "min"):
         self.monitor, self.patience, self.min_delta, self.rank = monitor, patience, min_delta, rank
-        self.best, self.bad_epochs = math.inf, 0
+        self.mode, self.best, self.bad_epochs = mode, None, 0
 
     def on_epoch_end(self, record):
         value = record.get(self.monitor)
         if value is None:
-            raise UsageError(f"train.early_stopping.monitor '{self.monitor}' is not a logged "
-                             f"metric (have: {', '.join(sorted(record))})")
-        if value < self.best - self.min_delta:
+            return False
+        if improved(value, self.best, self.mode, self.min_delta):
             self.best, self.bad_epochs = value, 0
         else:
             self.bad_epochs += 1
         if self.bad_epochs < self.patience:
             return False
         if self.rank == 0:
-            print(f"mpilearn: early stopping: {self.monitor} has not improved for "
+            print(f"mpilearn: early stopping: {self.monitor} ({self.mode}) has not improved for "
                   f"{self.bad_epochs} epoch(s)", flush=True)
         return True
 
     def state_dict(self):
-        return {"best": self.best, "bad_epochs": self.bad_epochs}
+        return {"best": self.best, "bad_epochs": self.bad_epochs, "mode": self.mode}
 
     def load_state_dict(self, state):
-        self.best, self.bad_epochs = state["best"], state["bad_epochs"]
+        best = state["best"]
+        # checkpoints from before modes held +inf for 'nothing yet'
+        self.best = None if best is None or math.isinf(best) else best
+        self.bad_epochs = state["bad_epochs"]
+
+
+class BestCheckpoint(Callback):
+    """Tracks the best value of ``monitor`` (``train.best``); after an epoch that improved it
+    the engine keeps that epoch's checkpoint (``best.keep``). The best value is checkpointed."""
+
+    name = "best"
+
+    def __init__(self, monitor: str, mode: str):
+        self.monitor, self.mode = monitor, mode
+        self.best, self.epoch, self.improved = None, None, False
+
+    def on_epoch_end(self, record):
+        value = record.get(self.monitor)
+        self.improved = improved(value, self.best, self.mode)
+        if self.improved:
+            self.best, self.epoch = float(value), record["epoch"]
+        return False
+
+    def state_dict(self):
+        return {"monitor": self.monitor, "mode": self.mode, "best": self.best,
+                "epoch": self.epoch}
+
+    def load_state_dict(self, state):
+        # a resumed run with another monitor or mode starts its own tracking
+        if (state.get("monitor"), state.get("mode")) == (self.monitor, self.mode):
+            self.best, self.epoch = state["best"], state["epoch"]
 
 
 class Report(Callback):

@@ -28,11 +28,12 @@ from ..errors import TrainingStopped, UsageError
 from ..io import append_jsonl, read_jsonl
 from . import checkpoint as ckpt
 from . import loggers
-from .callbacks import EarlyStopping, EpochLog, task_callbacks
+from . import best
+from .callbacks import BestCheckpoint, EarlyStopping, EpochLog, task_callbacks
 from .checks import (build_task, check_devices, check_framework, check_hparams, check_monitor,
                      check_output, check_precision, check_run_dir, clear_run_dir, default_output,
                      dry_run, open_files, remove_stale_temp)
-from .evaluation import evaluate
+from .evaluation import evaluate, test_pass
 from .strategies import EpochContext, make_strategy
 
 
@@ -96,9 +97,9 @@ class Trainer:
         meta = comm.bcast(None if files is None else
                           [(f.paths, f.counts, sorted(f.optional_present)) if f else None
                            for f in files], root=0)
-        self.train_files, self.val_files = (
+        self.train_files, self.val_files, self.test_files = (
             EventFiles.from_counts(*m, keys=self.task.keys) if m else None for m in meta)
-        for files in (self.train_files, self.val_files):
+        for files in (self.train_files, self.val_files, self.test_files):
             if files is not None:
                 files.on_error = config["data"]["on_error"]
         n = len(self.train_files)
@@ -118,7 +119,8 @@ class Trainer:
                                         "the others train)")
         check_on_root(comm, self._make_loader)  # too few events for one global batch?
         self.loader = self._make_loader()
-        check_on_root(comm, check_monitor, config, self.task, len(self.val_events) > 0)
+        self.monitors = comm.bcast(check_on_root(comm, check_monitor, config, self.task,
+                                                 len(self.val_events) > 0), root=0)
 
         # 3. output directory (rank 0 writes; stale temp files of killed writes go)
         self.ckpt_dir = os.path.join(self.output, "checkpoints")
@@ -162,15 +164,18 @@ class Trainer:
                              prefetch=self.config["data"]["prefetch"], transform=self.task.transform)
 
     def _default_callbacks(self) -> list:
-        """The task's own (e.g. physics validation), the epoch log, early stopping: in this
-        order."""
+        """The task's own (e.g. physics validation), the epoch log, the best checkpoint's
+        tracker, early stopping: in this order."""
         t, rank = self.config["train"], self.ctx.rank
         out = [cls.for_trainer(self) for cls in task_callbacks(self.task, self.config)]
         headline = {name for cb in out for name in cb.headline}
         out.append(EpochLog(self.metrics_path, self.log, rank, headline))
+        if self.monitors["best"]:
+            out.append(BestCheckpoint(*self.monitors["best"]))
         es = t["early_stopping"]
-        if es["patience"] > 0:
-            out.append(EarlyStopping(es["monitor"], es["patience"], es["min_delta"], rank))
+        if self.monitors["early_stopping"]:
+            monitor, mode = self.monitors["early_stopping"]
+            out.append(EarlyStopping(monitor, es["patience"], es["min_delta"], rank, mode))
         return out
 
     @property
@@ -197,18 +202,19 @@ class Trainer:
         return {"losses": {}, "steps": 0, "compute": 0.0, "allreduce": 0.0, "data": 0.0,
                 "samples": 0, "seconds": 0.0}
 
-    def _save(self) -> None:
+    def _save(self) -> Optional[str]:
+        """Collective; rank 0 writes the checkpoint and returns its path."""
         rngs = self.ctx.comm.gather(ckpt.rng_state(), root=0)
         strategy = self.strategy.state_dict()  # collective: other ranks' own state
         if self.ctx.rank != 0:
-            return
+            return None
         state = {"task": self.task.state_dict(), "epoch": self.epoch,
                  "step_in_epoch": self.step_in_epoch, "global_step": self.global_step,
                  "rng": rngs, "acc": self.acc, "world_size": self.ctx.size,
                  "strategy": strategy,
                  "callbacks": {cb.name: cb.state_dict() for cb in self.callbacks}}
-        ckpt.save(self.ckpt_dir, ckpt.name_for(self.epoch, self.step_in_epoch), state,
-                  self.config["train"]["keep_checkpoints"])
+        return ckpt.save(self.ckpt_dir, ckpt.name_for(self.epoch, self.step_in_epoch), state,
+                         self.config["train"]["keep_checkpoints"])
 
     def _restore(self) -> None:
         found = ckpt.load_newest(self.ckpt_dir) if self.ctx.rank == 0 else None
@@ -298,7 +304,10 @@ class Trainer:
             self.epoch += 1
             self.step_in_epoch = 0
             self.acc = self._empty_acc()
-            self._save()
+            best.keep_if_improved(self.task, self.output, self._save(), self.callbacks)
+        if self.test_files is not None:
+            last["test"] = test_pass(self.task, self.test_files, self.config["train"]["batch_size"],
+                                     self.ctx.comm, self.output, self.epoch)
         if self.ctx.rank == 0:
             # torch models as .pt and .safetensors, Keras ones as .keras
             self.task.export(os.path.join(self.output, "models"))

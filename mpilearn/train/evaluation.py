@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import itertools
+import json
+import os
 
 import numpy as np
 
@@ -26,3 +28,21 @@ def evaluate(task, source, events, batch_size: int, comm, cap: int = 0) -> dict:
     total = comm.allreduce(vec)
     return {**{f"val_{k}": float(total[i] / max(total[-1], 1)) for i, k in enumerate(names)},
             "val_events": int(total[-1])}
+
+
+def test_pass(task, files, batch_size: int, comm, output: str, epoch: int) -> dict:
+    """Collective, once after the last epoch: ``data.test_files`` through the validation pass
+    (every event), appended to ``metrics.jsonl`` as ``{"test": ...}`` and written to
+    ``test.json`` by rank 0."""
+    from ..io import append_jsonl, atomic_write_text
+
+    scores = evaluate(task, files, np.arange(len(files)), batch_size, comm)
+    result = {"epoch": epoch, "files": list(files.paths),
+              **{"test_" + k[len("val_"):]: v for k, v in scores.items()}}
+    if comm.Get_rank() == 0:
+        append_jsonl(os.path.join(output, "metrics.jsonl"), {"test": result})
+        atomic_write_text(os.path.join(output, "test.json"), json.dumps(result, indent=1))
+        print(f"mpilearn: test after epoch {epoch}: "
+              + ", ".join(f"{k} {v:.5g}" for k, v in result.items()
+                          if k.startswith("test_") and isinstance(v, float)), flush=True)
+    return result
