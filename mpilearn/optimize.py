@@ -261,9 +261,11 @@ def main(argv=None) -> int:
     else:
         run_block(config, role, world, info)
     # every rank leaves with the same status: 75 (requeue me) if any rank saw a stop signal
-    stopped = world.allreduce(preempt.requested() is not None, op=mcomm.mpi().LOR)
+    stopped = world.allreduce(preempt.mask(), op=mcomm.mpi().BOR)
     if stopped and ctx.rank == 0:
-        print("mpilearn: sweep stopped by a signal; continue with --resume auto", flush=True)
+        journal = os.path.join(info["output"], "journal.jsonl")
+        print(f"mpilearn: stopped by {preempt.describe(stopped)}; checkpoint {journal} (each "
+              "interrupted fold has its own); continue with --resume auto", flush=True)
     return preempt.REQUEUE_EXIT if stopped else 0
 
 

@@ -199,18 +199,19 @@ class Trainer:
         return {"losses": {}, "steps": 0, "compute": 0.0, "allreduce": 0.0, "data": 0.0,
                 "samples": 0, "seconds": 0.0}
 
-    def _save(self) -> None:
+    def _save(self) -> Optional[str]:
+        """Collective; the checkpoint's path on rank 0."""
         rngs = self.ctx.comm.gather(ckpt.rng_state(), root=0)
         strategy = self.strategy.state_dict()  # collective: other ranks' own state
         if self.ctx.rank != 0:
-            return
+            return None
         state = {"task": self.task.state_dict(), "epoch": self.epoch,
                  "step_in_epoch": self.step_in_epoch, "global_step": self.global_step,
                  "rng": rngs, "acc": self.acc, "world_size": self.ctx.size,
                  "strategy": strategy,
                  "callbacks": {cb.name: cb.state_dict() for cb in self.callbacks}}
-        ckpt.save(self.ckpt_dir, ckpt.name_for(self.epoch, self.step_in_epoch), state,
-                  self.config["train"]["keep_checkpoints"])
+        return ckpt.save(self.ckpt_dir, ckpt.name_for(self.epoch, self.step_in_epoch), state,
+                         self.config["train"]["keep_checkpoints"])
 
     def _restore(self) -> None:
         found = ckpt.load_newest(self.ckpt_dir) if self.ctx.rank == 0 else None
@@ -268,10 +269,10 @@ class Trainer:
         try:
             return self._fit()
         except preempt.Preempted as stop:
-            self._save()
-            if self.ctx.rank == 0:
-                print(f"mpilearn: {stop}: checkpoint saved at epoch {self.epoch + 1}, step "
-                      f"{self.step_in_epoch}; continue with --resume auto", flush=True)
+            path = self._save()
+            if self.ctx.rank == 0:  # the one line a stop signal gets
+                print(f"mpilearn: {stop}; checkpoint {path}; continue with --resume auto",
+                      flush=True)
             raise
         except TrainingStopped as stop:
             if self.ctx.rank == 0:
@@ -367,16 +368,16 @@ class Trainer:
         return self.deadline is not None and time.time() > self.deadline
 
     def _check_stop(self) -> None:
-        """Collective, after every step: a stop signal on any rank, or the deadline
-        (one 4-byte allreduce, no pickling: it is on every step)."""
+        """Collective, after every step: a stop signal on any rank (its bit), or the deadline
+        (bit 0) (one 4-byte allreduce, no pickling: it is on every step). Every rank stops at
+        the same step and names the same signal."""
         MPI = mcomm.mpi()
-        flags = np.array([int(preempt.requested() is not None) | int(self._past_deadline()) << 1],
-                         dtype=np.int32)
+        flags = np.array([preempt.mask() | int(self._past_deadline())], dtype=np.int32)
         self.ctx.comm.Allreduce(MPI.IN_PLACE, flags, op=MPI.BOR)
-        if flags[0] & 1:
+        if flags[0] & ~1:
             self._account(self._epoch_start)
-            raise preempt.Preempted(f"stop signal ({preempt.describe()})")
-        if flags[0] & 2:
+            raise preempt.Preempted(f"stopped by {preempt.describe(int(flags[0]))}")
+        if flags[0] & 1:
             raise TrainingStopped("the trial ran past its time limit")
 
     def _account(self, start: float) -> None:

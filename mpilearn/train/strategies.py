@@ -199,8 +199,8 @@ class Asynchronous(Strategy):
         self.end_epoch()
         if reason == "preempted":  # the interrupted epoch runs again from the centre
             ec.restart = True
-            where = preempt.describe() if preempt.requested() else "on another rank"
-            raise preempt.Preempted(f"stop signal ({where})")
+            where = preempt.describe() if preempt.requested() else "a signal on another rank"
+            raise preempt.Preempted(f"stopped by {where}")
         ec.finished_steps = ec.steps
         if reason == "deadline":
             raise TrainingStopped("the trial ran past its time limit")
