@@ -28,10 +28,11 @@ from .hpo.coordinator import TAG_BLOCK, TAG_PROGRESS, TAG_TRIAL, TAG_VERDICT, Co
 from .hpo.pruners import make_pruner
 
 
-def prepare(config: dict, world_size: int, resume) -> dict:
-    """Rank 0, before any trial: layout, space, searcher, objective, data, model, output."""
-    from .config import dump
-    from .hpo import objective
+def prepare(config: dict, world_size: int, resume, force: bool = False) -> dict:
+    """Rank 0, before any trial: layout, space, searcher, objective, data, model, output, and
+    on ``--resume`` the config against the sweep's (``hpo/identity.py``); only then is
+    anything written."""
+    from .hpo import identity, objective
     from .hpo.searchers import make_searcher
     from .hpo.space import Space
     from .builders import default_hparams, load_builder
@@ -93,9 +94,11 @@ def prepare(config: dict, world_size: int, resume) -> dict:
     if resume == "latest" and not os.path.exists(journal):
         raise UsageError(f"--resume: no sweep in {output} (no {journal}); --resume auto starts "
                          "one when there is none")
+    notes = identity.check(output, config, force) if os.path.exists(journal) else []
     os.makedirs(output, exist_ok=True)
-    dump(config, os.path.join(output, "config.yaml"))
-    return {"output": output, "n_events": n_events}
+    number, path = identity.record(output, config)
+    return {"output": output, "n_events": n_events, "config": number, "config_path": path,
+            "notes": notes, "force": force}
 
 
 def check_points(points, space) -> None:
@@ -164,7 +167,9 @@ def run_block(config: dict, role, world, info: dict) -> None:
             on_epoch = _reporter(world, fold_comm, obj, trial["key"], fold) \
                 if s["pruner"] != "none" else None
             r = objective.run_fold(config, trial["params"], fold, ctx, out, obj,
-                                   info["n_events"], on_epoch, key=trial["key"])
+                                   info["n_events"], on_epoch, key=trial["key"],
+                                   prior_wall=trial.get("prior_wall", {}).get(fold, 0.0),
+                                   force=info["force"])
             folds.append({"fold": fold, **r})
         # the block leader collects every fold leader's results
         gathered = block_comm.gather(folds if fold_comm.Get_rank() == 0 else [], root=0)
@@ -217,6 +222,9 @@ def main(argv=None) -> int:
     p.add_argument("--output", help="run directory (overrides 'output')")
     p.add_argument("--resume", nargs="?", const="latest", choices=("latest", "auto"),
                    help="continue the sweep in the run directory; 'auto': or start it")
+    p.add_argument("--force", action="store_true",
+                   help="with --resume: continue although the config changed in what the "
+                        "trials are (space, searcher, objective, folds, data, model, training)")
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
     preempt.install()
@@ -230,7 +238,10 @@ def main(argv=None) -> int:
 
         sets = list(args.set) + ([f"output={args.output}"] if args.output else [])
         config = resolve(args.config, sets, schema=hpo_schema(), require_model=False)
-        info = world.bcast(check_on_root(world, prepare, config, world.Get_size(), args.resume), root=0)
+        info = world.bcast(check_on_root(world, prepare, config, world.Get_size(), args.resume,
+                                           args.force), root=0)
+        for note in info["notes"] if ctx.rank == 0 else ():
+            print(note, flush=True)
     except Exception as err:  # mpilearn's own errors become statuses; others abort the job
         return exit_status(err, ctx.rank)
     s = config["search"]
@@ -255,7 +266,8 @@ def main(argv=None) -> int:
         pruner = make_pruner(s["pruner"], obj["directions"][0], **s["pruner_options"])
         coordinator = Coordinator(world, config, searcher, journal, state, s["blocks"],
                                   progress=not args.no_progress, pruner=pruner, objective=obj,
-                                  warm_start=warm_start(s["warm_start"]))
+                                  warm_start=warm_start(s["warm_start"]),
+                                  config_id=info["config"])
         state = coordinator.run()
         print(summary(state, obj, coordinator, info["output"]), flush=True)
     else:

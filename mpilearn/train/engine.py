@@ -129,7 +129,6 @@ class Trainer:
             os.makedirs(self.ckpt_dir, exist_ok=True)
             for path in remove_stale_temp([self.output, self.ckpt_dir]):
                 print(f"mpilearn: removed {path}, left by an interrupted write", flush=True)
-            dump(config, os.path.join(self.output, "config.yaml"))
         self.log = loggers.Loggers(train["log"], self.output) if ctx.rank == 0 else None
 
         # 4. devices, then the strategy: weights broadcast, optimizers wrapped
@@ -153,6 +152,10 @@ class Trainer:
         self.lr = None
         if resume:
             self._restore()
+        # the run's identity, written once every check passed (a refused --resume --force
+        # leaves the saved config as it was)
+        if ctx.rank == 0:
+            dump(config, os.path.join(self.output, "config.yaml"))
 
     def _make_loader(self):
         t = self.config["train"]
