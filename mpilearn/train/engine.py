@@ -23,7 +23,7 @@ from .. import preempt
 from ..builders import load_builder
 from ..comm import check_on_root
 from ..config import dump
-from ..data.hdf5 import EventFiles, ShardedLoader, split_events
+from ..data.hdf5 import DataError, EventFiles, ShardedLoader, one_message, split_events
 from ..errors import TrainingStopped, UsageError
 from ..io import append_jsonl, read_jsonl
 from . import checkpoint as ckpt
@@ -322,7 +322,7 @@ class Trainer:
         self._set_lr()  # also when a resumed epoch has no steps left
         ec = EpochContext(epoch=self.epoch, steps=self.steps_per_epoch, loader=self.loader,
                           acc=self.acc, batch_size=t["batch_size"], set_lr=self._set_lr,
-                          after_step=self._after_step,
+                          after_step=self._after_step, check_read=self._check_stop,
                           stop_requested=lambda: (preempt.requested() is not None
                                                   or self._past_deadline()),
                           step_in_epoch=self.step_in_epoch, global_step=self.global_step)
@@ -344,9 +344,9 @@ class Trainer:
                 self.global_step += ec.finished_steps - self.step_in_epoch
                 self.step_in_epoch = ec.finished_steps
 
-    def _after_step(self, losses: dict) -> None:
-        """After every synchronous step: counters, step logs, the stop check, and the
-        periodic checkpoint."""
+    def _after_step(self, losses: dict, upcoming=None) -> None:
+        """After every synchronous step: counters, step logs, the stop check (which also
+        covers the read of the ``upcoming`` batch), and the periodic checkpoint."""
         t = self.config["train"]
         for k, v in losses.items():
             self.acc["losses"][k] = self.acc["losses"].get(k, 0.0) + v
@@ -360,7 +360,7 @@ class Trainer:
         if self.bar is not None:
             self.bar.update(1)
             self.bar.set_postfix({k: f"{v:.4g}" for k, v in losses.items()}, refresh=False)
-        self._check_stop()
+        self._check_stop(upcoming)
         every = t["checkpoint_every_steps"]
         if every and self.global_step % every == 0 and self.step_in_epoch < self.steps_per_epoch:
             self._account(self._epoch_start)
@@ -370,14 +370,22 @@ class Trainer:
     def _past_deadline(self) -> bool:
         return self.deadline is not None and time.time() > self.deadline
 
-    def _check_stop(self) -> None:
-        """Collective, after every step: a stop signal on any rank (its bit), or the deadline
-        (bit 0) (one 4-byte allreduce, no pickling: it is on every step). Every rank stops at
-        the same step and names the same signal."""
+    def _check_stop(self, upcoming=None) -> None:
+        """Collective, after every step: the deadline (bit 0), the next batch's read failed
+        (bit 1, ``upcoming`` is its DataError), a stop signal (its own bit) on any rank: one
+        4-byte allreduce, no pickling: it is on every step. Every rank stops at the same step
+        and names the same signal; a read failure is gathered into one message."""
         MPI = mcomm.mpi()
-        flags = np.array([preempt.mask() | int(self._past_deadline())], dtype=np.int32)
+        failed = isinstance(upcoming, DataError)
+        flags = np.array([preempt.mask() | int(self._past_deadline()) | failed << 1],
+                         dtype=np.int32)
         self.ctx.comm.Allreduce(MPI.IN_PLACE, flags, op=MPI.BOR)
-        if flags[0] & ~1:
+        if flags[0] & 2:
+            seen = self.ctx.comm.allgather(upcoming.where or str(upcoming) if failed else None)
+            raise TrainingStopped(one_message([(r, w) for r, w in enumerate(seen) if w])
+                                  + "; replace the file, or set data.on_error=skip to train "
+                                  "without those events, and continue with --resume")
+        if flags[0] & ~3:
             self._account(self._epoch_start)
             raise preempt.Preempted(f"stopped by {preempt.describe(int(flags[0]))}")
         if flags[0] & 1:
