@@ -8,8 +8,10 @@ K-fold cross-validation with the K folds on R ranks each, in parallel (or in seq
 ``journal.jsonl`` (every event), ``config.yaml``, ``trials/<key>/fold<k>/`` (each fold's
 own training run). ``--resume`` replays the journal, rebuilds the searcher and re-runs the
 trials that were in flight, each fold from its own checkpoint; ``--resume auto`` also starts
-a sweep that does not exist yet (requeued batch jobs). SIGTERM or SIGUSR1 stops the sweep:
-no new trials, folds in flight checkpoint after their current step, exit status 75.
+a sweep that does not exist yet (requeued batch jobs); it refuses a changed config except
+budget, trial_timeout, blocks, enqueue unless --force (hpo/identity.py). SIGTERM, SIGINT or
+SIGUSR1 stops the sweep: no new trials, folds in flight checkpoint after their current step,
+exit status 75.
 Then ``python -m mpilearn.report RUN_DIR``.
 """
 from __future__ import annotations

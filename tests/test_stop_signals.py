@@ -12,29 +12,10 @@ import time
 import pytest
 import torch
 
-from conftest import ENV, REPO, TESTS, mpirun, mpirun_cmd, train_args
+from conftest import ENV, REPO, mpirun, mpirun_cmd
 from mpilearn.train import checkpoint as ckpt
-
-
-def args(toy_file, out):
-    return train_args("--set", f"model={TESTS}/models/slow.py", "--set", f"data.files=[{toy_file}]",
-                      "--set", "train.epochs=3", "--set", "train.batch_size=16",
-                      "--set", "train.deterministic=true", "--set", "hparams.sleep=0.04",
-                      "--output", out)
-
-
-def final_weights(out):
-    state = ckpt.load(ckpt.latest(os.path.join(out, "checkpoints")))
-    assert state["epoch"] == 3 and state["step_in_epoch"] == 0
-    return state["task"]["models"]["model"]
-
-
-@pytest.fixture(scope="module")
-def whole(toy_file, tmp_path_factory):
-    out = str(tmp_path_factory.mktemp("whole"))
-    proc = mpirun(2, args(toy_file, out))
-    assert proc.returncode == 0, proc.stderr
-    return out
+# the slow MLP run and its uninterrupted result (the module fixture ``whole``)
+from test_resume import args, final_weights, whole  # noqa: F401
 
 
 def signal_during_training(cmd, out, send):

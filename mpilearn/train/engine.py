@@ -322,7 +322,7 @@ class Trainer:
         self._set_lr()  # also when a resumed epoch has no steps left
         ec = EpochContext(epoch=self.epoch, steps=self.steps_per_epoch, loader=self.loader,
                           acc=self.acc, batch_size=t["batch_size"], set_lr=self._set_lr,
-                          after_step=self._after_step, check_read=self._check_stop,
+                          after_step=self._after_step, check_read=self._check_read,
                           stop_requested=lambda: (preempt.requested() is not None
                                                   or self._past_deadline()),
                           step_in_epoch=self.step_in_epoch, global_step=self.global_step)
@@ -370,15 +370,20 @@ class Trainer:
     def _past_deadline(self) -> bool:
         return self.deadline is not None and time.time() > self.deadline
 
-    def _check_stop(self, upcoming=None) -> None:
+    def _check_read(self, first) -> None:
+        """Collective, before an epoch's first step: did its read fail on any rank? (Signals
+        wait for the step check: a stop lands after a step, as it always has.)"""
+        self._check_stop(first, signals=False)
+
+    def _check_stop(self, upcoming=None, signals: bool = True) -> None:
         """Collective, after every step: the deadline (bit 0), the next batch's read failed
         (bit 1, ``upcoming`` is its DataError), a stop signal (its own bit) on any rank: one
         4-byte allreduce, no pickling: it is on every step. Every rank stops at the same step
         and names the same signal; a read failure is gathered into one message."""
         MPI = mcomm.mpi()
         failed = isinstance(upcoming, DataError)
-        flags = np.array([preempt.mask() | int(self._past_deadline()) | failed << 1],
-                         dtype=np.int32)
+        flags = np.array([failed << 1 | (preempt.mask() | int(self._past_deadline())
+                                         if signals else 0)], dtype=np.int32)
         self.ctx.comm.Allreduce(MPI.IN_PLACE, flags, op=MPI.BOR)
         if flags[0] & 2:
             seen = self.ctx.comm.allgather(upcoming.where or str(upcoming) if failed else None)
