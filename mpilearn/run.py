@@ -137,7 +137,7 @@ def main(argv=None) -> int:
 
 
 def launch(cmd: List[str], open_mpi: bool) -> int:
-    """Runs the launcher; SIGINT/SIGTERM to this process (Ctrl-C, ``kill``, ``scancel``) reach
+    """Runs the launcher; SIGINT/SIGTERM/SIGHUP to this process (Ctrl-C, ``kill``) reach
     the ranks as a SIGUSR1, which every launcher forwards and none turns into a kill (Open MPI's
     ``mpirun`` SIGKILLs the ranks 0.5 s after a SIGTERM or SIGINT), with the original signal's
     name in a note file: the ranks stop after their current step, checkpoint, say so once and
@@ -172,7 +172,8 @@ def launch(cmd: List[str], open_mpi: bool) -> int:
         for sig in (signal.SIGTERM,) if open_mpi else (signal.SIGINT, signal.SIGINT):
             child.send_signal(sig)
 
-    saved = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    # SIGHUP too: the launcher's own session no longer hears a closing terminal
+    saved = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
         rc = child.wait()
     finally:
