@@ -23,11 +23,11 @@ from .. import preempt
 from ..builders import load_builder
 from ..comm import check_on_root
 from ..config import dump
-from ..data.hdf5 import DataError, EventFiles, ShardedLoader, one_message, split_events
+from ..data.hdf5 import EventFiles, ShardedLoader, split_events
 from ..errors import TrainingStopped, UsageError
 from ..io import append_jsonl, read_jsonl
 from . import checkpoint as ckpt
-from . import loggers
+from . import loggers, stops
 from .callbacks import EarlyStopping, EpochLog, PhysicsValidation
 from .checks import (build_task, check_devices, check_framework, check_hparams, check_monitor,
                      check_output, check_precision, check_run_dir, clear_run_dir, default_output,
@@ -371,30 +371,17 @@ class Trainer:
         return self.deadline is not None and time.time() > self.deadline
 
     def _check_read(self, first) -> None:
-        """Collective, before an epoch's first step: did its read fail on any rank? (Signals
-        wait for the step check: a stop lands after a step, as it always has.)"""
+        """Collective, before an epoch's first step: did its read fail on any rank?"""
         self._check_stop(first, signals=False)
 
     def _check_stop(self, upcoming=None, signals: bool = True) -> None:
-        """Collective, after every step: the deadline (bit 0), the next batch's read failed
-        (bit 1, ``upcoming`` is its DataError), a stop signal (its own bit) on any rank: one
-        4-byte allreduce, no pickling: it is on every step. Every rank stops at the same step
-        and names the same signal; a read failure is gathered into one message."""
-        MPI = mcomm.mpi()
-        failed = isinstance(upcoming, DataError)
-        flags = np.array([failed << 1 | (preempt.mask() | int(self._past_deadline())
-                                         if signals else 0)], dtype=np.int32)
-        self.ctx.comm.Allreduce(MPI.IN_PLACE, flags, op=MPI.BOR)
-        if flags[0] & 2:
-            seen = self.ctx.comm.allgather(upcoming.where or str(upcoming) if failed else None)
-            raise TrainingStopped(one_message([(r, w) for r, w in enumerate(seen) if w])
-                                  + "; replace the file, or set data.on_error=skip to train "
-                                  "without those events, and continue with --resume")
-        if flags[0] & ~3:
+        """Collective, after every step (``stops.agree``): a signal, a failed read of the
+        ``upcoming`` batch, or the deadline, on any rank, stops every rank here."""
+        stop = stops.agree(self.ctx.comm, upcoming, self._past_deadline(), signals)
+        if isinstance(stop, preempt.Preempted):
             self._account(self._epoch_start)
-            raise preempt.Preempted(f"stopped by {preempt.describe(int(flags[0]))}")
-        if flags[0] & 1:
-            raise TrainingStopped("the trial ran past its time limit")
+        if stop is not None:
+            raise stop
 
     def _account(self, start: float) -> None:
         wall = time.perf_counter() - start
