@@ -187,6 +187,7 @@ def _run_fold(config: dict, point: dict, fold: int, ctx, output: str, obj: dict,
             # a fold directory exists only for a trial run again (interrupted): continue it
             trainer = Trainer(trial, ctx, output=output, progress=False, events=events,
                               deadline=deadline, resume="auto", force=force)
+            trainer.announce_stop = False  # the sweep says it once, for every fold
             if on_epoch is not None:
                 from ..train.callbacks import Report
 

@@ -52,6 +52,7 @@ class Trainer:
         config changed in what is trained. ``callbacks`` may be extended before ``fit()``."""
         self.config, self.ctx, self.resume = config, ctx, resume
         self.deadline, self.history = deadline, []
+        self.announce_stop = True  # an HPO fold leaves the stop line to the sweep
         self.progress = progress and ctx.rank == 0
         comm = ctx.comm
         train = config["train"]
@@ -273,7 +274,7 @@ class Trainer:
             return self._fit()
         except preempt.Preempted as stop:
             path = self._save()
-            if self.ctx.rank == 0:  # the one line a stop signal gets
+            if self.ctx.rank == 0 and self.announce_stop:  # the one line a stop signal gets
                 print(f"mpilearn: {stop}; checkpoint {path}; continue with --resume auto",
                       flush=True)
             raise
