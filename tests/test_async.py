@@ -111,7 +111,7 @@ def test_stop_signal_resume_and_abort_under_downpour(toy_file, tmp_path):
     job.send_signal(signal.SIGUSR1)
     stdout, stderr = job.communicate(timeout=120)
     assert job.returncode == 75, stderr
-    assert "checkpoint saved" in stdout
+    assert stdout.count("mpilearn: stopped by SIGUSR1; checkpoint ") == 1, stdout
     proc = mpirun(3, cmd + ["--resume", "auto"])
     assert proc.returncode == 0 and "resumed from" in proc.stdout, proc.stderr
     epochs = [r["epoch"] for r in read_jsonl(metrics)]

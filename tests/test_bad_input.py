@@ -157,6 +157,33 @@ def test_corrupt_gzip_chunk_names_file_and_events(tmp_path):
     assert f"{path}: reading dataset 'X', events" in proc.stderr, proc.stderr[-2000:]
 
 
+def test_a_corrupt_chunk_read_by_both_ranks_is_one_message_then_skip_resumes(tmp_path):
+    """Unshuffled, no validation split: step 3 reads events 96-111 on rank 0 and 112-127 on
+    rank 1, all in the corrupt chunk. Both ranks fail; the job says so once, saves the
+    position before that step, and continues from it with data.on_error=skip."""
+    import json
+
+    path = corrupt_file(tmp_path)
+    out = tmp_path / "run"
+    base = ["--set", f"model={MLP}", "--set", f"data.files=[{path}]", "--set",
+            "data.shuffle=false", "--set", "data.val_fraction=0", "--set", "train.batch_size=16",
+            "--output", str(out)]
+    proc = mpirun(2, train_args(*base), timeout=120)
+    both = proc.stdout + proc.stderr
+    assert proc.returncode == 3, both[-3000:]
+    assert both.count(f"{path}: reading dataset 'X'") == 1, both
+    assert f"{path}: reading dataset 'X', events 96-127 of this file failed on ranks 0, 1" in proc.stderr
+    assert "Traceback" not in both and "data.on_error=skip" in proc.stderr
+    from mpilearn.train.checkpoint import latest, load
+
+    state = load(latest(str(out / "checkpoints")))
+    assert (state["epoch"], state["step_in_epoch"]) == (0, 3)  # the steps before the bad one
+    proc = mpirun(2, train_args(*base, "--set", "data.on_error=skip", "--resume"), timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    records = [json.loads(line) for line in open(out / "metrics.jsonl")]
+    assert "stopped" in records[0] and records[-1]["epoch"] == 1
+
+
 def test_a_failed_write_names_the_file_and_keeps_the_old_one(tmp_path):
     import errno
 

@@ -276,6 +276,9 @@ def test_stop_signal_records_in_flight_trials_and_resume_auto_finishes(toy_file,
     stdout, stderr = job.communicate(timeout=120)
     assert job.returncode == 75, stderr
     assert "sweep stopped" in stdout
+    stop_lines = [l for l in stdout.splitlines() if "stopped by" in l]  # one, for every fold
+    assert len(stop_lines) == 1 and stop_lines[0].startswith("mpilearn: stopped by SIGUSR1; "
+                                                             "checkpoint "), stdout
     journal = str(tmp_path / "sweep" / "journal.jsonl")
     interrupted = {r["key"] for r in read_jsonl(journal) if r["event"] == "interrupted"}
     finished = {r["key"] for r in read_jsonl(journal) if r["event"] in ("done", "failed")}

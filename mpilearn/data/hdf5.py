@@ -20,7 +20,34 @@ from ..errors import UsageError
 
 
 class DataError(OSError):
-    """A data file that opened fine fails while training reads it; names file and events."""
+    """A data file that opened fine fails while training reads it; names file and events.
+    ``where`` = (path, dataset key, first event, last event, the reader's own error): what
+    :func:`one_message` groups when several ranks hit the same cause."""
+
+    def __init__(self, message: str, where: Optional[tuple] = None):
+        super().__init__(message)
+        self.where = where
+
+
+def one_message(failures: List[tuple]) -> str:
+    """The read failures that ranks saw at one step, ``(rank, where or message)`` each, as one
+    message: one entry per file, dataset and error, with the events and ranks it covers."""
+    groups: Dict[tuple, list] = {}
+    for rank, where in failures:
+        key = (where[0], where[1], where[4]) if isinstance(where, tuple) else (where,)
+        group = groups.setdefault(key, [[], []])
+        group[0].append(rank)
+        if isinstance(where, tuple):
+            group[1] += [where[2], where[3]]
+    parts = []
+    for key, (ranks, events) in groups.items():
+        on = f" on rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, sorted(ranks)))}"
+        if len(key) == 1:
+            parts.append(key[0] + on)
+        else:
+            parts.append(f"{key[0]}: reading dataset '{key[1]}', events {min(events)}-"
+                         f"{max(events)} of this file failed{on}: {key[2]}")
+    return "; ".join(parts)
 
 
 class EventFiles:
@@ -141,7 +168,8 @@ class EventFiles:
                 target[dest] = mapped[rows]
         except (OSError, ValueError, RuntimeError) as err:  # e.g. a corrupt gzip chunk
             raise DataError(f"{self.paths[i]}: reading dataset '{key}', events "
-                            f"{rows.min()}-{rows.max()} of this file failed: {err}") from None
+                            f"{rows.min()}-{rows.max()} of this file failed: {err}",
+                            (self.paths[i], key, int(rows.min()), int(rows.max()), str(err))) from None
 
     def _dataset(self, i: int, key: str):
         """(dataset, memory map or None, event shape, dtype) of ``key`` in file ``i``, looked up

@@ -42,9 +42,11 @@ config keys (YAML; --set uses dotted names):
 
 outputs in the run directory: config.yaml, metrics.jsonl (one line per epoch),
 checkpoints/ (latest pointer + ckpt-eEEEE-sSSSSSSS.pt, best.pt), models/ (and models/best/).
-signals: SIGTERM or SIGUSR1 on any rank -> checkpoint after the current step, exit 75.
+signals: SIGTERM, SIGINT or SIGUSR1 on any rank -> checkpoint after the current step, exit 75
+(through Open MPI's mpirun: launch with mpilearn-run, or send mpirun SIGUSR1).
 exit status: 0 done, 1 crash (the failing rank's traceback), 2 bad input,
-3 training stopped by its guard (e.g. the generator emits only empty images),
+3 training stopped by its guard (e.g. the generator emits only empty images, a data read
+failed),
 75 stopped by a signal with its state saved: requeue and run again with --resume auto.
 """
 

@@ -44,7 +44,8 @@ SAFE_ON_RESUME = {"output", "train.epochs", "train.max_steps_per_epoch", "train.
                   "train.early_stopping.min_delta", "data.prefetch", "data.on_error",
                   "device.allow_shared_gpus", "train.log", "train.log_every_steps",
                   # an HPO fold's config carries the sweep's: these do not change its training
-                  "search.budget", "search.trial_timeout", "search.enqueue", "search.warm_start"}
+                  "search.budget", "search.trial_timeout", "search.enqueue", "search.warm_start",
+                  "search.blocks"}
 
 
 class _Unset:
@@ -59,10 +60,6 @@ def check_run_dir(path: str, config: dict, resume, overwrite: bool, force: bool)
     """Rank 0, before any work: a run directory that already holds a run is continued only
     with ``--resume`` (its config's changes limited to safe keys unless ``force``) and replaced
     only with ``--overwrite``. Returns the notes to print (changes accepted)."""
-    import yaml
-
-    from ..config import flatten
-
     present = [n for n in RUN_OUTPUTS if os.path.exists(os.path.join(path, n))]
     if not present:
         return []
@@ -73,7 +70,18 @@ def check_run_dir(path: str, config: dict, resume, overwrite: bool, force: bool)
     if not resume:
         raise UsageError(f"--output {path} already holds a run ({', '.join(present)}): continue "
                          "it with --resume (or --resume auto), or replace it with --overwrite")
-    saved = os.path.join(path, "config.yaml")
+    return compare_saved(os.path.join(path, "config.yaml"), config, SAFE_ON_RESUME, force,
+                         "what is trained")
+
+
+def compare_saved(saved: str, config: dict, safe: set, force: bool, what: str) -> list:
+    """``--resume``: the config against the saved one. A change to a key outside ``safe`` is
+    bad input unless ``force`` (the message names every changed key); returns the note that
+    lists the changes accepted. Writes nothing."""
+    import yaml
+
+    from ..config import flatten
+
     if not os.path.exists(saved):
         return []
     try:
@@ -85,9 +93,9 @@ def check_run_dir(path: str, config: dict, resume, overwrite: bool, force: bool)
     new = flatten(config)
     changed = sorted(k for k in set(old) | set(new) if old.get(k, UNSET) != new.get(k, UNSET))
     described = [f"{k}: {old.get(k, UNSET)!r} -> {new.get(k, UNSET)!r}" for k in changed]
-    unsafe = [d for k, d in zip(changed, described) if k not in SAFE_ON_RESUME]
+    unsafe = [d for k, d in zip(changed, described) if k not in safe]
     if unsafe and not force:
-        raise UsageError(f"--resume with a config that differs from {saved} in what is trained: "
+        raise UsageError(f"--resume with a config that differs from {saved} in {what}: "
                          f"{'; '.join(unsafe)}. Resume with the saved config, or add --force "
                          "to continue with the new one")
     return [f"mpilearn: resuming with a changed config: {'; '.join(described)}"] if changed else []

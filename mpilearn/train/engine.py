@@ -27,8 +27,7 @@ from ..data.hdf5 import EventFiles, ShardedLoader, split_events
 from ..errors import TrainingStopped, UsageError
 from ..io import append_jsonl, read_jsonl
 from . import checkpoint as ckpt
-from . import loggers
-from . import best
+from . import best, loggers, stops
 from .callbacks import BestCheckpoint, EarlyStopping, EpochLog, task_callbacks
 from .checks import (build_task, check_devices, check_framework, check_hparams, check_monitor,
                      check_output, check_precision, check_run_dir, clear_run_dir, default_output,
@@ -53,6 +52,7 @@ class Trainer:
         config changed in what is trained. ``callbacks`` may be extended before ``fit()``."""
         self.config, self.ctx, self.resume = config, ctx, resume
         self.deadline, self.history = deadline, []
+        self.announce_stop = True  # an HPO fold leaves the stop line to the sweep
         self.progress = progress and ctx.rank == 0
         comm = ctx.comm
         train = config["train"]
@@ -131,7 +131,6 @@ class Trainer:
             os.makedirs(self.ckpt_dir, exist_ok=True)
             for path in remove_stale_temp([self.output, self.ckpt_dir]):
                 print(f"mpilearn: removed {path}, left by an interrupted write", flush=True)
-            dump(config, os.path.join(self.output, "config.yaml"))
         self.log = loggers.Loggers(train["log"], self.output) if ctx.rank == 0 else None
 
         # 4. devices, then the strategy: weights broadcast, optimizers wrapped
@@ -155,6 +154,10 @@ class Trainer:
         self.lr = None
         if resume:
             self._restore()
+        # the run's identity, written once every check passed (a refused --resume --force
+        # leaves the saved config as it was)
+        if ctx.rank == 0:
+            dump(config, os.path.join(self.output, "config.yaml"))
 
     def _make_loader(self):
         t = self.config["train"]
@@ -272,10 +275,10 @@ class Trainer:
         try:
             return self._fit()
         except preempt.Preempted as stop:
-            self._save()
-            if self.ctx.rank == 0:
-                print(f"mpilearn: {stop}: checkpoint saved at epoch {self.epoch + 1}, step "
-                      f"{self.step_in_epoch}; continue with --resume auto", flush=True)
+            path = self._save()
+            if self.ctx.rank == 0 and self.announce_stop:  # the one line a stop signal gets
+                print(f"mpilearn: {stop}; checkpoint {path}; continue with --resume auto",
+                      flush=True)
             raise
         except TrainingStopped as stop:
             if self.ctx.rank == 0:
@@ -325,7 +328,7 @@ class Trainer:
         self._set_lr()  # also when a resumed epoch has no steps left
         ec = EpochContext(epoch=self.epoch, steps=self.steps_per_epoch, loader=self.loader,
                           acc=self.acc, batch_size=t["batch_size"], set_lr=self._set_lr,
-                          after_step=self._after_step,
+                          after_step=self._after_step, check_read=self._check_read,
                           stop_requested=lambda: (preempt.requested() is not None
                                                   or self._past_deadline()),
                           step_in_epoch=self.step_in_epoch, global_step=self.global_step)
@@ -347,9 +350,9 @@ class Trainer:
                 self.global_step += ec.finished_steps - self.step_in_epoch
                 self.step_in_epoch = ec.finished_steps
 
-    def _after_step(self, losses: dict) -> None:
-        """After every synchronous step: counters, step logs, the stop check, and the
-        periodic checkpoint."""
+    def _after_step(self, losses: dict, upcoming=None) -> None:
+        """After every synchronous step: counters, step logs, the stop check (which also
+        covers the read of the ``upcoming`` batch), and the periodic checkpoint."""
         t = self.config["train"]
         for k, v in losses.items():
             self.acc["losses"][k] = self.acc["losses"].get(k, 0.0) + v
@@ -363,7 +366,7 @@ class Trainer:
         if self.bar is not None:
             self.bar.update(1)
             self.bar.set_postfix({k: f"{v:.4g}" for k, v in losses.items()}, refresh=False)
-        self._check_stop()
+        self._check_stop(upcoming)
         every = t["checkpoint_every_steps"]
         if every and self.global_step % every == 0 and self.step_in_epoch < self.steps_per_epoch:
             self._account(self._epoch_start)
@@ -373,18 +376,18 @@ class Trainer:
     def _past_deadline(self) -> bool:
         return self.deadline is not None and time.time() > self.deadline
 
-    def _check_stop(self) -> None:
-        """Collective, after every step: a stop signal on any rank, or the deadline
-        (one 4-byte allreduce, no pickling: it is on every step)."""
-        MPI = mcomm.mpi()
-        flags = np.array([int(preempt.requested() is not None) | int(self._past_deadline()) << 1],
-                         dtype=np.int32)
-        self.ctx.comm.Allreduce(MPI.IN_PLACE, flags, op=MPI.BOR)
-        if flags[0] & 1:
+    def _check_read(self, first) -> None:
+        """Collective, before an epoch's first step: did its read fail on any rank?"""
+        self._check_stop(first, signals=False)
+
+    def _check_stop(self, upcoming=None, signals: bool = True) -> None:
+        """Collective, after every step (``stops.agree``): a signal, a failed read of the
+        ``upcoming`` batch, or the deadline, on any rank, stops every rank here."""
+        stop = stops.agree(self.ctx.comm, upcoming, self._past_deadline(), signals)
+        if isinstance(stop, preempt.Preempted):
             self._account(self._epoch_start)
-            raise preempt.Preempted(f"stop signal ({preempt.describe()})")
-        if flags[0] & 2:
-            raise TrainingStopped("the trial ran past its time limit")
+        if stop is not None:
+            raise stop
 
     def _account(self, start: float) -> None:
         wall = time.perf_counter() - start
