@@ -215,6 +215,34 @@ def examples(folder: str = "jobs") -> dict:
     return out
 
 
+def templates_dir() -> str:
+    """The ready jobs files: mpilearn/jobs_data/ in an installed wheel, else the checkout's
+    jobs/ (the wheel's copy is made from it at build time)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    for folder in (os.path.join(here, "jobs_data"), os.path.join(os.path.dirname(here), "jobs")):
+        if os.path.isfile(os.path.join(folder, "site-example.yaml")):
+            return folder
+    raise UsageError(f"no jobs templates found (looked in {here}/jobs_data and the checkout's "
+                     "jobs/): reinstall mpilearn")
+
+
+def copy_templates(dest: str) -> list:
+    """Copy the configs, site profile, sbatch scripts and chain.sh into ``dest``; an existing
+    file is never overwritten (refused before anything is copied)."""
+    import shutil
+
+    src = templates_dir()
+    names = sorted(n for n in os.listdir(src) if n.endswith((".yaml", ".sbatch", ".sh")))
+    present = [n for n in names if os.path.exists(os.path.join(dest, n))]
+    if present:
+        raise UsageError(f"--templates {dest}: {', '.join(present)} already there; choose an "
+                         "empty directory (nothing was copied)")
+    os.makedirs(dest, exist_ok=True)
+    for name in names:
+        shutil.copy2(os.path.join(src, name), dest)
+    return names
+
+
 def _config(kind: str, path: str, sets=()) -> dict:
     from .config import hpo_schema, resolve
 
@@ -250,6 +278,9 @@ def main(argv=None) -> int:
         p.add_argument("--" + key, dest=key)
     p.add_argument("--examples", metavar="DIR",
                    help="(re)write the ready scripts in DIR (jobs/) from DIR/site-example.yaml")
+    p.add_argument("--templates", metavar="DIR",
+                   help="copy the ready jobs files (configs, site profile, sbatch scripts, "
+                        "chain.sh) into DIR, e.g. jobs")
     job = p.add_argument_group("at job start (the batch script calls these; other mpilearn "
                                "flags after them are ignored)")
     job.add_argument("--plan", action="store_true",
@@ -279,6 +310,11 @@ def main(argv=None) -> int:
             if note:
                 sys.stderr.write(note + "\n")
             print(ntasks)
+            return 0
+        if args.templates:
+            names = copy_templates(args.templates)
+            print(f"mpilearn: {len(names)} file(s) from {templates_dir()} -> {args.templates}: "
+                  f"{' '.join(names)}")
             return 0
         if args.examples:
             for name, text in examples(args.examples).items():

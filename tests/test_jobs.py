@@ -89,7 +89,7 @@ def test_example_sweep_configs_are_valid(name):
     config = resolve(os.path.join(REPO, "jobs", name), schema=hpo_schema(), require_model=False)
     s = config["search"]
     obj = objective.parse(config)
-    declared = default_hparams(os.path.join(REPO, config["model"]))
+    declared = default_hparams(config["model"])
     space = Space.from_config(s["space"], {**declared, **config["hparams"]}, known=set(declared))
     make_searcher(s["searcher"], space, s["seed"], len(obj["directions"]), **s["options"])
     make_pruner(s["pruner"], obj["directions"][0], **s["pruner_options"])
