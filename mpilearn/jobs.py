@@ -165,7 +165,7 @@ def render(kind: str, config_path: str, output: str, config: dict, site: dict) -
         'if [ -n "${SLURM_CPUS_PER_TASK:-}" ]; then export SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK; fi',
         'echo "mpilearn: job ${SLURM_JOB_ID} restart ${SLURM_RESTART_COUNT:-0} on '
         '${SLURM_JOB_NODELIST}: $CONFIG -> $OUTPUT"',
-        'mkdir -p "$OUTPUT"',
+        'mkdir -p "$OUTPUT" || exit 2',
     ]
     if lay["hosts"]:
         lines.insert(lines.index("set -uo pipefail"),

@@ -4,6 +4,8 @@ jobs/ scripts (srun and mpirun) with ranks on both nodes."""
 import json
 import os
 import shutil
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -80,11 +82,25 @@ def test_the_sbatch_scripts_run_across_both_nodes(nodes, toy_file, tmp_path):
     assert proc.returncode == 0, proc.stderr
     want = ckpt.load(ckpt.latest(str(local / "checkpoints")))["task"]["models"]["model"]
     size = ["--nodes=2", "--ntasks-per-node=2"]
-    for script in ("train.sbatch", "train-mpirun.sbatch"):
-        out = tmp_path / script
+    # and mpirun with staging to each node's own directory (MPILEARN_STAGE must reach node 2)
+    site = tmp_path / "site.yaml"
+    site.write_text(yaml.safe_dump({"launcher": "mpirun", "stage_to": nodes.path("nodetmp")}))
+    staged = tmp_path / "staged.sbatch"
+    rendered = subprocess.run([sys.executable, "-m", "mpilearn.jobs", "--config", str(config),
+                               "--site", str(site)], cwd=REPO, capture_output=True, text=True)
+    staged.write_text(rendered.stdout)
+    for script in ("train.sbatch", "train-mpirun.sbatch", str(staged)):
+        out = tmp_path / ("run-" + os.path.basename(script))
         log = finished(nodes, tmp_path, submit(nodes, tmp_path, os.path.join(REPO, "jobs", script),
                                                str(config), str(out), flags=size))
         assert "4 process(es)" in log and "2 rank(s) on this node" in log, log
+        if script == str(staged):
+            assert "-x MPILEARN_STAGE" in staged.read_text()
+            for node in NODES:  # staged on each node, removed at the job's end
+                assert f"staged 1 file(s), 0.0 MiB, to {nodes.path('nodetmp')}" in log, log
+                assert f" on {node}\n" in log, log
+                left = [n for n in os.listdir(nodes.path(f"tmp-{node}")) if n.startswith("mpilearn-")]
+                assert left == [], left
         got = ckpt.load(ckpt.latest(str(out / "checkpoints")))["task"]["models"]["model"]
         for k in want:
             torch.testing.assert_close(got[k], want[k], rtol=0, atol=0)
