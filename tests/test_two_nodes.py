@@ -11,10 +11,11 @@ import pytest
 import torch
 import yaml
 
-from conftest import ENV, REPO, TESTS, mpirun, train_args
+from conftest import REPO, TESTS, mpirun, train_args
 from mpilearn.io import read_jsonl
 from mpilearn.train import checkpoint as ckpt
 from slurm_cluster import missing
+from test_slurm import submit
 from two_nodes import NODES, TwoNodes
 
 
@@ -30,13 +31,6 @@ def nodes():
     finally:
         cluster.stop()
         assert cluster.processes() == [], "SLURM daemons left running"
-
-
-def submit(cluster, tmp_path, script, *args, flags=()):
-    env = {**ENV, "MPILEARN_VENV": os.path.join(REPO, ".venv")}
-    env.pop("SLURM_CONF", None)
-    return cluster.sbatch(f"--chdir={REPO}", f"--output={tmp_path}/slurm-%j.out", *flags,
-                          script, *args, env=env)
 
 
 def finished(cluster, tmp_path, job, timeout=300):

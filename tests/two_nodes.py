@@ -84,12 +84,7 @@ class TwoNodes(Cluster):
     def start(self) -> "TwoNodes":
         self._network()
         self._write_config()
-        subprocess.run(["munged", "--force", "-S", self.path("munge", "sock"),
-                        f"--key-file={self.path('munge.key')}",
-                        f"--log-file={self.path('log', 'munged.log')}",
-                        f"--pid-file={self.path('munge', 'pid')}",
-                        f"--seed-file={self.path('munge', 'seed')}"], check=True, env=self.env)
-        self.pidfiles.append(self.path("munge", "pid"))
+        self.start_munge()
         # slurmctld checks that SlurmctldHost names this machine
         subprocess.run(["unshare", "--uts", "sh", "-c",
                         f"hostname {self.host} && exec slurmctld -i"], check=True, env=self.env)
