@@ -57,10 +57,10 @@ $(MPICH_STAMP): $(STAMP)
 
 # A one-node SLURM for tests/test_slurm.py (Debian packages; needs root). Without root the
 # SLURM tests skip and say so loudly.
-SLURM_PKGS := slurm-wlm munge libpmix-dev
+SLURM_PKGS := slurm-wlm munge libpmix-dev iproute2
 slurm-packages:
 	@if command -v slurmctld >/dev/null && command -v munged >/dev/null \
-	   && [ -e /usr/lib/x86_64-linux-gnu/libpmix.so ]; then :; \
+	   && [ -e /usr/lib/x86_64-linux-gnu/libpmix.so ] && command -v ip >/dev/null; then :; \
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	  echo "installing $(SLURM_PKGS) for the SLURM tests"; \
 	  export DEBIAN_FRONTEND=noninteractive; \

@@ -110,8 +110,10 @@ class GANProtocol:
         from ..errors import UsageError
 
         shape = GEOMETRY[self.variant]["shape"]
+        from ..data.stage import local
+
         for path in files.paths:
-            with h5py.File(path, "r") as f:
+            with h5py.File(local(path), "r") as f:
                 ecal = f["ECAL"]
                 if ecal.shape[1:] != shape:
                     raise UsageError(f"{path}: dataset 'ECAL' has events of shape {ecal.shape[1:]}, "

@@ -17,6 +17,7 @@ from typing import Callable, Dict, Iterator, List, Optional, Sequence
 import numpy as np
 
 from ..errors import UsageError
+from .stage import local
 
 
 class DataError(OSError):
@@ -70,7 +71,7 @@ class EventFiles:
             if not os.path.isfile(path):
                 raise UsageError(f"data file not found: {path}")
             try:
-                handle = h5py.File(path, "r")
+                handle = h5py.File(local(path), "r")
             except OSError as err:
                 raise UsageError(f"cannot open {path} as HDF5: {err}") from None
             with handle as f:
@@ -121,7 +122,7 @@ class EventFiles:
 
         path = self.paths[i]
         if path not in self._handles:  # a chunk cache that holds a shuffled batch's chunks
-            self._handles[path] = h5py.File(path, "r", rdcc_nbytes=64 << 20, rdcc_nslots=10007)
+            self._handles[path] = h5py.File(local(path), "r", rdcc_nbytes=64 << 20, rdcc_nslots=10007)
         return self._handles[path]
 
     def read(self, indices: np.ndarray) -> Dict[str, np.ndarray]:
