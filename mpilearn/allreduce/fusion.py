@@ -165,6 +165,7 @@ class GradientReducer:
         self._delay = {id(p): backward_passes for p in self.params}
         self._next = 0  # index of the next bucket to launch
         self._hooks = []
+        self.overlapped = 0  # buckets launched from backward's hooks (overlap), since creation
         self.seconds = 0.0  # time spent in communication calls and waits, since last reset
 
     def layout(self) -> list:
@@ -220,6 +221,7 @@ class GradientReducer:
                 break
             self._launch(bucket)
             self._next += 1
+            self.overlapped += 1
 
     def zero_grads(self) -> set:
         """Zeroes every bucket; the ids of the parameters whose gradient stays bound."""
@@ -253,8 +255,15 @@ class GradientReducer:
         self._next = 0
         self._delay = {k: self.backward_passes for k in self._delay}
 
+    def finite_flag(self) -> torch.Tensor:
+        """Whether every bucket is finite, as a 0-dim bool tensor on the device (no read)."""
+        flags = [torch.isfinite(b.buffer).all() for b in self.buckets]
+        if not flags:
+            return torch.ones((), dtype=torch.bool)
+        return flags[0] if len(flags) == 1 else torch.stack(flags).all()
+
     def all_finite(self) -> bool:
-        return all(bool(torch.isfinite(b.buffer).all()) for b in self.buckets)
+        return bool(self.finite_flag())
 
     def pop_seconds(self) -> float:
         s, self.seconds = self.seconds, 0.0
