@@ -22,6 +22,11 @@ def _aliases(grad: torch.Tensor, view: torch.Tensor) -> bool:
                             and grad.stride() == view.stride() and grad.dtype == view.dtype)
 
 
+def _dense(t: torch.Tensor) -> bool:
+    return any(t.is_contiguous(memory_format=f) for f in (torch.channels_last, torch.channels_last_3d)
+               if t.dim() == (4 if f is torch.channels_last else 5))
+
+
 class Bucket(FlatBuffer):
     """Parameters whose gradients travel together. Their ``.grad`` are views of the bucket's
     flat buffer (like DDP's ``gradient_as_bucket_view``): backward accumulates straight into
@@ -34,7 +39,10 @@ class Bucket(FlatBuffer):
         super().__init__(params)
         self.params = params
         self.buffer = self.payload
-        self.grad_views = self.views()
+        # a channels-last parameter's view has its strides (autograd's gradient layout
+        # contract), so backward accumulates into it without a layout change
+        self.grad_views = [v if p.is_contiguous() or not _dense(p) else v.as_strided(p.shape, p.stride())
+                           for v, p in zip(self.views(), params)]
         self.sparse = [False] * len(params)
         self.all_bound = True  # every gradient was its view when gathered (no sparse ones)
         self.ready = 0
