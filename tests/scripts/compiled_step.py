@@ -1,7 +1,7 @@
 """Trains a task a few steps eagerly, compiled (train.compile=default) and channels-last, in
 float64 from the same weights on the same batches, and saves rank 0's results.
 
-usage: compiled_step.py mlp|gan LOCAL_BATCH STEPS OUT.npz
+usage: compiled_step.py mlp|gan LOCAL_BATCH STEPS OUT.npz [cpu|cuda]
 Rank r trains on rows [r*b, (r+1)*b) of each global batch. Saved per variant: the weights
 (``VARIANT/model/name``), the step losses, the buckets launched from backward's hooks
 (``VARIANT/overlapped``) and whether any state_dict key has a compile prefix.
@@ -23,6 +23,9 @@ from mpilearn.calo.format import Preprocess  # noqa: E402
 kind, b, steps, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 comm = MPI.COMM_WORLD
 r, n = comm.Get_rank(), comm.Get_size()
+device = sys.argv[5] if len(sys.argv) > 5 else "cpu"
+if device == "cuda":  # ranks may share the GPU: the mpi backend stages through the host
+    device = f"cuda:{r % torch.cuda.device_count()}"
 rng = np.random.default_rng(0)
 G = b * n
 if kind == "mlp":
@@ -54,12 +57,12 @@ saved = {}
 for name, mode, layout in variants:
     task = build()
     task.compile_mode, task.channels_last = mode, layout
-    task.setup(comm, "cpu", "mpi", 16 << 10)  # small buckets: several, launched in order
+    task.setup(comm, device, "mpi", 16 << 10)  # small buckets: several, launched in order
     losses = [task.train_step(batch) for batch in batches]
     state = task.state_dict()["models"]
     for model, params in state.items():
         for k, v in params.items():
-            saved[f"{name}/{model}/{k}"] = v.detach().numpy()
+            saved[f"{name}/{model}/{k}"] = v.detach().cpu().numpy()
     saved[f"{name}/losses"] = np.array([[v for _, v in sorted(l.items())] for l in losses])
     saved[f"{name}/overlapped"] = np.array(sum(o._reducer.overlapped for o in task.optimizers().values()))
     saved[f"{name}/prefixed"] = np.array(any("_orig_mod" in k for p in state.values() for k in p))
