@@ -41,6 +41,7 @@ SAFE_ON_RESUME = {"output", "train.epochs", "train.max_steps_per_epoch", "train.
                   "train.physics_events", "train.checkpoint_every_steps",
                   "train.keep_checkpoints", "train.early_stopping.patience",
                   "train.best.monitor", "train.best.mode", "data.test_files",
+                  "train.compile", "train.channels_last",  # how it runs, not what it trains
                   "train.early_stopping.min_delta", "data.prefetch", "data.on_error",
                   "device.allow_shared_gpus", "train.log", "train.log_every_steps",
                   # an HPO fold's config carries the sweep's: these do not change its training
@@ -244,6 +245,9 @@ def check_framework(task, train: dict) -> None:
     torch.distributed or Horovod transport, or a bucket size, would silently not apply."""
     if getattr(task, "framework", "") != "keras":
         return
+    if train["compile"] != "off":
+        raise UsageError(f"train.compile={train['compile']} is for PyTorch models; a Keras "
+                         "model compiles through its own compile(jit_compile=...)")
     if train["backend"] != "mpi":
         raise UsageError(f"train.backend={train['backend']} is for PyTorch models; a Keras "
                          "model's gradients travel through mpi4py (train.backend=mpi)")

@@ -91,6 +91,7 @@ class Trainer:
         check_on_root(comm, check_precision, self.task, train["precision"])
         check_on_root(comm, check_framework, self.task, train)
         self.task.precision = train["precision"]
+        self.task.compile_mode, self.task.channels_last = train["compile"], train["channels_last"]
 
         # 2. the data files, counted once by rank 0
         files = check_on_root(comm, open_files, config, self.task)
@@ -141,7 +142,7 @@ class Trainer:
             counts = collections.Counter(devices)
             where = ", ".join(f"{d} x{c}" if c > 1 else d for d, c in sorted(counts.items()))
             print(f"mpilearn: {ctx.size} rank(s) on {where}; backend {train['backend']}, "
-                  f"precision {train['precision']}", flush=True)
+                  f"precision {train['precision']}, compile {train['compile']}", flush=True)
         self.strategy.setup(self.task, device)
         self.base_lrs = self.task.learning_rates()
         check_on_root(comm, dry_run, self.task, self.train_files, self.train_events)
