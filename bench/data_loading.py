@@ -18,7 +18,7 @@ import numpy as np
 
 from common import write
 from mpilearn.data.hdf5 import EventFiles, ShardedLoader
-from mpilearn.simulate import simulate
+from mpilearn.calo.simulate import simulate
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -2,7 +2,8 @@
 finite-gradient guard, per-event RNG streams, global-batch loss scaling) next to plain PyTorch
 running the same four updates with no mpilearn at all (the ceiling for wrapper overhead).
 
-    python bench/gpu_3dgan.py [--steps 20] [--quick] [--out bench/results/gpu/gan3d]
+    python bench/gpu_3dgan.py [--steps 20] [--quick] [--compile MODE] [--channels-last]
+                              [--batches 64,128] [--device cpu] [--out bench/results/gpu/gan3d]
 
 For each preset (full angle model, small) x precision (fp32, bf16 autocast) x batch (64, 128):
 events/s of both sides, mpilearn's time split (RNG draws on the host, allreduce, the rest),
@@ -10,7 +11,10 @@ peak memory allocated, FLOPs per step (torch.utils.flop_counter, forward and bac
 profiler's own with_flops count alongside) and MFU against the dense bf16 peak. Then the
 largest batch that fits, per precision. Both sides get the same pre-processed host batches
 (the loader's output) and copy them to the GPU inside the step; cuDNN autotuning is on for
-both (as the engine sets it).
+both (as the engine sets it). ``--compile MODE`` (torch.compile: train.compile on mpilearn's
+side, ``module.compile(mode=MODE)`` on plain PyTorch's) and ``--channels-last``
+(train.channels_last=true; ``.to(memory_format=torch.channels_last_3d)``) set both sides up
+the same way. ``--device cpu`` runs the same code without a GPU (a check of the script).
 """
 import argparse
 import json
@@ -30,7 +34,7 @@ PEAK_BF16 = {"H100": 989.4e12, "H200": 989.4e12}  # dense, SXM; per NVIDIA's dat
 
 def host_batch(n, seed):
     """A pre-processed batch as the loader yields it (random cells, energies, angles)."""
-    from mpilearn.data.calo import Preprocess
+    from mpilearn.calo.format import Preprocess
 
     rng = np.random.default_rng(seed)
     raw = {"ECAL": rng.random((n, 51, 51, 25), dtype=np.float32) * 1.2,
@@ -39,12 +43,31 @@ def host_batch(n, seed):
     return Preprocess("angle")(raw)
 
 
-def make_task(preset, precision, comm):
+DEVICE = "cuda"
+
+
+def sync():
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+
+
+def peak_gib():
+    return torch.cuda.max_memory_allocated() / 2 ** 30 if DEVICE == "cuda" else 0.0
+
+
+def reset_peak():
+    if DEVICE == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+
+
+def make_task(preset, precision, comm, compile_mode="off", channels_last=False):
     from mpilearn.models import gan3d
 
     torch.manual_seed(0)
     task = gan3d.build({"preset": preset})
-    task.setup(comm, "cuda:0", "torch", 25 << 20)
+    task.compile_mode, task.channels_last = compile_mode, "true" if channels_last else "false"
+    cuda = DEVICE == "cuda"
+    task.setup(comm, "cuda:0" if cuda else "cpu", "torch" if cuda else "mpi", 25 << 20)
     task.precision = precision
     return task
 
@@ -68,32 +91,36 @@ def run_mpilearn(task, batches, steps, warmup=5):
     task._draws = draws
     for i in range(warmup):
         task.train_step(batches[i % len(batches)])
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
+    sync()
+    reset_peak()
     task.allreduce_seconds()  # reading it empties the optimizers' counters
     draws.seconds = 0.0
     t = time.perf_counter()
     for i in range(steps):
         task.train_step(batches[i % len(batches)])
-    torch.cuda.synchronize()
+    sync()
     wall = time.perf_counter() - t
     task._draws = draws.fn
     return {"seconds_per_step": wall / steps, "draws_s": draws.seconds / steps,
-            "allreduce_s": task.allreduce_seconds() / steps,
-            "peak_mem_gib": torch.cuda.max_memory_allocated() / 2 ** 30}
+            "allreduce_s": task.allreduce_seconds() / steps, "peak_mem_gib": peak_gib()}
 
 
 class Plain:
     """The same models, optimizers, losses and four updates, written as a PyTorch user would."""
 
-    def __init__(self, preset, precision):
+    def __init__(self, preset, precision, compile_mode="off", channels_last=False):
         from mpilearn.models import gan3d
 
         torch.manual_seed(0)
-        self.G, self.D = (m.cuda() for m in gan3d.networks({"preset": preset}))
+        self.G, self.D = (m.to(DEVICE) for m in gan3d.networks({"preset": preset}))
+        for m in (self.G, self.D):
+            if channels_last:
+                m.to(memory_format=torch.channels_last_3d)
+            if compile_mode != "off":
+                m.compile(mode=compile_mode)
         self.g_opt = torch.optim.RMSprop(self.G.parameters(), lr=1e-3, alpha=0.9, eps=1e-7)
         self.d_opt = torch.optim.RMSprop(self.D.parameters(), lr=1e-3, alpha=0.9, eps=1e-7)
-        self.w = torch.tensor([3.0, 0.1, 25.0, 0.1], device="cuda")
+        self.w = torch.tensor([3.0, 0.1, 25.0, 0.1], device=DEVICE)
         self.bf16 = precision == "bf16"
 
     def terms(self, out, label, energy, angle, ecal):
@@ -111,14 +138,14 @@ class Plain:
 
     def step(self, b):
         G, D = self.G, self.D
-        real = torch.from_numpy(b["images"]).cuda().unsqueeze(1)
-        e, a, s = (torch.from_numpy(b[k]).cuda() for k in ("energy", "angle", "ecal"))
+        real = torch.from_numpy(b["images"]).to(DEVICE).unsqueeze(1)
+        e, a, s = (torch.from_numpy(b[k]).to(DEVICE) for k in ("energy", "angle", "ecal"))
         n = len(e)
-        flip = torch.rand(n, 2, device="cuda") < 0.05
-        noise = torch.randn(3, n, 254, device="cuda")
-        ones, zeros = torch.ones(n, device="cuda"), torch.zeros(n, device="cuda")
+        flip = torch.rand(n, 2, device=DEVICE) < 0.05
+        noise = torch.randn(3, n, 254, device=DEVICE)
+        ones, zeros = torch.ones(n, device=DEVICE), torch.zeros(n, device=DEVICE)
         z = lambda j: torch.cat([e[:, None], a[:, None], noise[j]], 1)  # noqa: E731
-        amp = lambda: torch.autocast("cuda", torch.bfloat16, enabled=self.bf16)  # noqa: E731
+        amp = lambda: torch.autocast(DEVICE, torch.bfloat16, enabled=self.bf16)  # noqa: E731
         self.d_opt.zero_grad()
         with amp():
             out = D(real)
@@ -143,14 +170,13 @@ class Plain:
 def run_plain(plain, batches, steps, warmup=5):
     for i in range(warmup):
         plain.step(batches[i % len(batches)])
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
+    sync()
+    reset_peak()
     t = time.perf_counter()
     for i in range(steps):
         plain.step(batches[i % len(batches)])
-    torch.cuda.synchronize()
-    return {"seconds_per_step": (time.perf_counter() - t) / steps,
-            "peak_mem_gib": torch.cuda.max_memory_allocated() / 2 ** 30}
+    sync()
+    return {"seconds_per_step": (time.perf_counter() - t) / steps, "peak_mem_gib": peak_gib()}
 
 
 def count_flops(plain, batch):
@@ -168,7 +194,7 @@ def count_flops(plain, batch):
     return counter.get_total_flops(), profiled
 
 
-def largest_batch(preset, precision, comm, peaks, probe=True):
+def largest_batch(preset, precision, comm, peaks, probe=True, compile_mode="off", channels_last=False):
     """The largest local batch that fits, found in two probes (a bisection at 10-60 s a step
     would not fit a GPU session): peak memory is linear in the batch, so the two measured
     batches give a line; one training step at the predicted largest batch must fit and one
@@ -181,7 +207,7 @@ def largest_batch(preset, precision, comm, peaks, probe=True):
     def fits(n):
         task = None
         try:
-            task = make_task(preset, precision, comm)
+            task = make_task(preset, precision, comm, compile_mode, channels_last)
             task.train_step(host_batch(n, 99))
             torch.cuda.synchronize()
             return True, torch.cuda.max_memory_allocated() / 2 ** 30
@@ -201,6 +227,11 @@ def largest_batch(preset, precision, comm, peaks, probe=True):
 
 
 def versions():
+    if DEVICE != "cuda":
+        import platform as pf
+        return {"device": f"CPU ({pf.processor() or pf.machine()})", "torch": torch.__version__,
+                "cuda": None, "cudnn": None, "nccl": None, "driver": None, "mpi": "-",
+                "mpi_cuda_aware": None, "python": platform.python_version()}
     info = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__,
             "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(),
             "nccl": ".".join(map(str, torch.cuda.nccl.version())), "python": platform.python_version()}
@@ -228,10 +259,17 @@ def main():
     p.add_argument("--configs", default="", help="e.g. full:bf16:128,small:fp32:64")
     p.add_argument("--profile", action="store_true", help="top CUDA kernels of one step")
     p.add_argument("--channels-last", action="store_true",
-                   help="both sides' models in torch.channels_last_3d (an experiment)")
+                   help="both sides' models in torch.channels_last_3d (train.channels_last=true)")
+    p.add_argument("--compile", default="off",
+                   help="torch.compile mode for both sides (train.compile): off, default, "
+                        "reduce-overhead, max-autotune, max-autotune-no-cudagraphs")
+    p.add_argument("--batches", default="64,128", help="local batches of the default configs")
+    p.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     p.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                                  "results", "gpu", "gan3d"))
     a = p.parse_args()
+    global DEVICE
+    DEVICE = a.device
     from mpi4py import MPI
 
     comm = MPI.COMM_WORLD
@@ -239,7 +277,7 @@ def main():
     meta = versions()
     peak = next((v for k, v in PEAK_BF16.items() if k in meta["device"]), PEAK_BF16["H100"])
     configs = [(pr, prec, b) for pr in ("full", "small") for prec in ("fp32", "bf16")
-               for b in (64, 128)]
+               for b in map(int, a.batches.split(","))]
     if a.quick:
         configs, a.steps = [("full", "bf16", 64)], 5
     if a.configs:
@@ -247,11 +285,8 @@ def main():
     rows, flop_counts = [], {}
     for preset, precision, batch in configs:
         batches = [host_batch(batch, s) for s in range(4)]
-        task = make_task(preset, precision, comm)
-        plain = Plain(preset, precision)
-        if a.channels_last:
-            for model in (task.generator, task.discriminator, plain.G, plain.D):
-                model.to(memory_format=torch.channels_last_3d)
+        task = make_task(preset, precision, comm, a.compile, a.channels_last)
+        plain = Plain(preset, precision, a.compile, a.channels_last)
         m = run_mpilearn(task, batches, a.steps, a.warmup)
         del task
         q = run_plain(plain, batches, a.steps, a.warmup)
@@ -261,11 +296,13 @@ def main():
         if a.profile:
             with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
                 plain.step(batches[0])
-                torch.cuda.synchronize()
+                sync()
             print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=15), flush=True)
         del plain
-        torch.cuda.empty_cache()
-        row = {"preset": preset, "precision": precision, "batch": batch,
+        if DEVICE == "cuda":
+            torch.cuda.empty_cache()
+        row = {"preset": preset, "precision": precision, "batch": batch, "compile": a.compile,
+               "channels_last": a.channels_last,
                "mpilearn_events_s": batch / m["seconds_per_step"],
                "plain_events_s": batch / q["seconds_per_step"],
                "overhead_pct": 100 * (m["seconds_per_step"] / q["seconds_per_step"] - 1),
@@ -279,18 +316,19 @@ def main():
         rows.append(row)
         print(json.dumps(row), flush=True)
     memory = {}
-    if not a.no_memory_search and not a.quick:
+    if not a.no_memory_search and not a.quick and DEVICE == "cuda":
         for precision in ("fp32", "bf16"):
             peaks = {r["batch"]: r["peak_mem_gib"] for r in rows
                      if r["preset"] == "full" and r["precision"] == precision}
             if len(peaks) >= 2:
                 # fp32 steps of ~2000 events take minutes: predicted only, not probed
                 memory[precision] = largest_batch("full", precision, comm, peaks,
-                                                  probe=precision == "bf16")
+                                                  precision == "bf16", a.compile, a.channels_last)
                 print(precision, memory[precision], flush=True)
     lines = [f"Device: {meta['device']}; driver {meta['driver']}; CUDA {meta['cuda']}; "
              f"cuDNN {meta['cudnn']}; NCCL {meta['nccl']}; torch {meta['torch']}; "
-             f"{meta['mpi']} (CUDA-aware: {meta['mpi_cuda_aware']})", "",
+             f"{meta['mpi']} (CUDA-aware: {meta['mpi_cuda_aware']}); both sides: compile "
+             f"{a.compile}, {'channels_last_3d' if a.channels_last else 'contiguous (NCDHW)'}", "",
              "| preset | precision | batch | mpilearn ev/s | plain PyTorch ev/s | overhead | "
              "ms/step | draws | allreduce | rest | peak GiB | GFLOP/step | MFU (bf16 peak) |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]

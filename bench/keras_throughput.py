@@ -23,7 +23,7 @@ def main():
     p.add_argument("--quick", action="store_true")
     p.add_argument("--out", default=os.path.join(REPO, "bench", "results", "keras_throughput"))
     a = p.parse_args()
-    from mpilearn.simulate import simulate
+    from mpilearn.calo.simulate import simulate
 
     showers = os.path.join(tempfile.mkdtemp(prefix="mpilearn-bench-"), "showers")
     simulate(showers, 256 if a.quick else 1024, "angle", (100, 200), 1, 4096, progress=False)

@@ -25,7 +25,7 @@ ENV = {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONF
 
 def cases(quick):
     from mpilearn.data.toy import write_regression
-    from mpilearn.simulate import simulate
+    from mpilearn.calo.simulate import simulate
 
     tmp = tempfile.mkdtemp(prefix="mpilearn-bench-")
     toy = write_regression(os.path.join(tmp, "toy.h5"), events=32768)

@@ -22,6 +22,7 @@ SCHEMA: Dict[str, Any] = {
     "data": {
         "files": [],        # HDF5 files or glob patterns with the training events
         "val_files": [],    # validation files; if empty, val_fraction of the events is held out
+        "test_files": [],   # held-out files scored once after the last epoch (test.json)
         "val_fraction": 0.1,
         "shuffle": True,
         "prefetch": 4,      # batches read ahead by the background thread
@@ -40,12 +41,19 @@ SCHEMA: Dict[str, Any] = {
         "seed": 0,
         "deterministic": False,
         "precision": "fp32",          # fp32 | bf16 (autocast: bf16 matmuls/convs, fp32 weights)
+        "compile": "off",             # off | default | reduce-overhead | max-autotune | ... (torch.compile)
+        "channels_last": "auto",      # auto (on CUDA) | true | false: 3-D convs channels-last
         "lr_scaling": "none",        # none | linear (lr x ranks)
         "warmup_epochs": 0.0,        # linear warm-up to the scaled lr
         "early_stopping": {
             "monitor": "val_loss",
             "patience": 0,           # epochs without improvement; 0 = off
             "min_delta": 0.0,
+            "mode": "",              # min | max; inferred for the project's own metrics
+        },
+        "best": {                    # checkpoints/best.pt and models/best/ (mpilearn.train.best)
+            "monitor": "auto",       # auto (physics: sampling_fraction_mre, else val_loss) | none | a metric
+            "mode": "",              # min | max; inferred for the project's own metrics
         },
         "checkpoint_every_steps": 0,  # 0 = at the end of every epoch only
         "keep_checkpoints": 3,
@@ -69,9 +77,18 @@ CHOICES = {
     "train.algorithm": ("allreduce", "local_sgd", "downpour", "easgd"),
     "train.lr_scaling": ("none", "linear"),
     "train.precision": ("fp32", "bf16"),
+    "train.compile": ("off", "default", "reduce-overhead", "max-autotune",
+                      "max-autotune-no-cudagraphs"),
+    "train.channels_last": ("auto", "true", "false"),
     "device.type": ("auto", "cpu", "cuda"),
     "data.on_error": ("stop", "skip"),
+    "train.best.mode": ("", "min", "max"),
+    "train.early_stopping.mode": ("", "min", "max"),
 }
+
+# YAML reads off/true/false as booleans: these keys take them as their names
+BOOLEAN_NAMES = {"train.compile": {False: "off"},
+                 "train.channels_last": {True: "true", False: "false"}}
 
 FREE_FORM = {"hparams", "search.space", "search.objective", "search.options",
              "search.pruner_options"}
@@ -124,6 +141,8 @@ def _check(user: dict, schema: dict, prefix: str, source: str, root: dict = None
             hint = f"; did you mean '{near[0]}'?" if near else ""
             raise UsageError(f"{source}: unknown config key '{full}'{hint}")
         default = schema[key]
+        if full in BOOLEAN_NAMES and isinstance(value, bool) and value in BOOLEAN_NAMES[full]:
+            value = user[key] = BOOLEAN_NAMES[full][value]
         if full in FREE_FORM:
             if not isinstance(value, dict):
                 raise UsageError(f"{source}: '{full}' must be a mapping")
@@ -141,8 +160,10 @@ def _check(user: dict, schema: dict, prefix: str, source: str, root: dict = None
             raise UsageError(f"{source}: '{full}' must be {_type_name(default)}, "
                              f"got {value!r}")
         if full in CHOICES and value not in CHOICES[full]:
+            near = difflib.get_close_matches(str(value), CHOICES[full], n=1)
+            hint = f" (did you mean '{near[0]}'?)" if near else ""
             raise UsageError(f"{source}: '{full}' is {value!r}; choose one of "
-                             f"{', '.join(CHOICES[full])}")
+                             f"{', '.join(CHOICES[full])}{hint}")
 
 
 def merge(base: dict, override: dict) -> dict:
@@ -207,7 +228,7 @@ def resolve(path: Optional[str], sets: Iterable[str] = (), base: Optional[dict] 
     for layer, source in layers:
         _check(layer, schema, "", source)
         config = merge(config, layer)
-    for key in ("files", "val_files"):
+    for key in ("files", "val_files", "test_files"):
         if isinstance(config["data"][key], str):
             config["data"][key] = [config["data"][key]]
     if require_model and not config["model"]:

@@ -5,9 +5,9 @@ Library code raises; only the ``main()`` functions call :func:`exit_status`. The
 =====  =====================================================================================
 2      bad input (:class:`UsageError`): one message, from rank 0, before expensive work
 3      training cannot usefully continue (:class:`TrainingStopped`): NaN, empty generator,
-       a trial past its time limit; the last good state is checkpointed
-75     stopped by a signal (``preempt.Preempted``): checkpointed, run again with
-       ``--resume auto`` (``preempt.REQUEUE_EXIT``)
+       a failed data read, a trial past its time limit; the last good state is checkpointed
+75     stopped by a signal (``preempt.Preempted``: SIGTERM, SIGINT, SIGUSR1): checkpointed,
+       run again with ``--resume auto`` (``preempt.REQUEUE_EXIT``)
 =====  =====================================================================================
 """
 from __future__ import annotations

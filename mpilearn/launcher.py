@@ -52,15 +52,20 @@ def _int(env: Mapping[str, str], key: str) -> Optional[int]:
     return int(value) if value not in (None, "") else None
 
 
-def tasks_on_node(spec: str, node: int) -> int:
-    """This node's entry of a SLURM tasks-per-node list such as ``2(x3),1``."""
+def tasks_per_node(spec: str) -> list:
+    """A SLURM tasks-per-node list such as ``2(x3),1`` -> [2, 2, 2, 1]."""
     counts = []
     for part in spec.split(","):
         m = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part.strip())
         if not m:
             raise ValueError(f"cannot read SLURM tasks-per-node list {spec!r}")
         counts += [int(m.group(1))] * int(m.group(2) or 1)
-    return counts[node]
+    return counts
+
+
+def tasks_on_node(spec: str, node: int) -> int:
+    """This node's entry of a SLURM tasks-per-node list such as ``2(x3),1``."""
+    return tasks_per_node(spec)[node]
 
 
 def detect(env: Mapping[str, str] = os.environ) -> Launch:

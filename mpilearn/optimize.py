@@ -8,9 +8,13 @@ K-fold cross-validation with the K folds on R ranks each, in parallel (or in seq
 ``journal.jsonl`` (every event), ``config.yaml``, ``trials/<key>/fold<k>/`` (each fold's
 own training run). ``--resume`` replays the journal, rebuilds the searcher and re-runs the
 trials that were in flight, each fold from its own checkpoint; ``--resume auto`` also starts
-a sweep that does not exist yet (requeued batch jobs). SIGTERM or SIGUSR1 stops the sweep:
-no new trials, folds in flight checkpoint after their current step, exit status 75.
-Then ``python -m mpilearn.report RUN_DIR``.
+a sweep that does not exist yet (requeued batch jobs); it refuses a changed config except
+budget, trial_timeout, blocks, enqueue unless --force (hpo/identity.py). SIGTERM, SIGINT or
+SIGUSR1 stops the sweep: no new trials, folds in flight checkpoint after their current step,
+exit status 75.
+Then ``python -m mpilearn.report RUN_DIR``, and ``python -m mpilearn.refit RUN_DIR`` (or
+``python -m mpilearn.optimize --refit RUN_DIR``) for the final model: the best trial trained on
+all data, scored on ``search.test_files``.
 """
 from __future__ import annotations
 
@@ -28,10 +32,11 @@ from .hpo.coordinator import TAG_BLOCK, TAG_PROGRESS, TAG_TRIAL, TAG_VERDICT, Co
 from .hpo.pruners import make_pruner
 
 
-def prepare(config: dict, world_size: int, resume) -> dict:
-    """Rank 0, before any trial: layout, space, searcher, objective, data, model, output."""
-    from .config import dump
-    from .hpo import objective
+def prepare(config: dict, world_size: int, resume, force: bool = False) -> dict:
+    """Rank 0, before any trial: layout, space, searcher, objective, data, model, output, and
+    on ``--resume`` the config against the sweep's (``hpo/identity.py``); only then is
+    anything written."""
+    from .hpo import identity, objective
     from .hpo.searchers import make_searcher
     from .hpo.space import Space
     from .builders import default_hparams, load_builder
@@ -70,6 +75,9 @@ def prepare(config: dict, world_size: int, resume) -> dict:
         files = EventFiles(expand_files(config["data"]["files"]), task.keys, task.optional_keys)
         if hasattr(task, "check_files"):
             task.check_files(files)
+        if config["data"]["test_files"]:
+            raise UsageError("data.test_files in a sweep: give them as search.test_files (never "
+                             "read by the search; python -m mpilearn.refit scores them)")
         test = set(map(os.path.abspath, expand_files(s["test_files"])))
         overlap = test & set(map(os.path.abspath, files.paths))
         if overlap:
@@ -78,6 +86,8 @@ def prepare(config: dict, world_size: int, resume) -> dict:
         n_events = len(files)
     space = Space.from_config(s["space"], defaults,
                               known=set(declared) if "callable" not in obj else None)
+    if "callable" not in obj:
+        check_space_values(config["model"], space)
     n_objectives = len(obj["directions"])
     make_searcher(s["searcher"], space, s["seed"], n_objectives, **s["options"])
     if s["pruner"] != "none" and n_objectives > 1:
@@ -93,9 +103,28 @@ def prepare(config: dict, world_size: int, resume) -> dict:
     if resume == "latest" and not os.path.exists(journal):
         raise UsageError(f"--resume: no sweep in {output} (no {journal}); --resume auto starts "
                          "one when there is none")
+    notes = identity.check(output, config, force) if os.path.exists(journal) else []
     os.makedirs(output, exist_ok=True)
-    dump(config, os.path.join(output, "config.yaml"))
-    return {"output": output, "n_events": n_events}
+    number, path = identity.record(output, config)
+    return {"output": output, "n_events": n_events, "config": number, "config_path": path,
+            "notes": notes, "force": force}
+
+
+def check_space_values(model: str, space) -> None:
+    """The space's bounds and choices lie inside the values the model declares (``HPARAMS``):
+    a sweep whose trials would fail on a bad value is bad input before it starts."""
+    from .builders import check_value, declared_values
+
+    rules = declared_values(model)
+    for p in space.params:
+        if p.name not in rules:
+            continue
+        ends = p.choices if p.type == "categorical" else (p.low, p.high)
+        for value in ends:
+            try:
+                check_value(p.name, value, rules[p.name])
+            except UsageError as err:
+                raise UsageError(f"search.space.{p.name}: {err}") from None
 
 
 def check_points(points, space) -> None:
@@ -164,7 +193,9 @@ def run_block(config: dict, role, world, info: dict) -> None:
             on_epoch = _reporter(world, fold_comm, obj, trial["key"], fold) \
                 if s["pruner"] != "none" else None
             r = objective.run_fold(config, trial["params"], fold, ctx, out, obj,
-                                   info["n_events"], on_epoch, key=trial["key"])
+                                   info["n_events"], on_epoch, key=trial["key"],
+                                   prior_wall=trial.get("prior_wall", {}).get(fold, 0.0),
+                                   force=info["force"])
             folds.append({"fold": fold, **r})
         # the block leader collects every fold leader's results
         gathered = block_comm.gather(folds if fold_comm.Get_rank() == 0 else [], root=0)
@@ -210,6 +241,12 @@ def summary(state, obj, coordinator, output: str) -> str:
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if "--refit" in argv:  # --refit RUN [--trial KEY]: the same as python -m mpilearn.refit RUN
+        from .refit import main as refit
+
+        argv.remove("--refit")
+        return refit(argv)
     p = RankZeroArgumentParser(prog="python -m mpilearn.optimize", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", required=True, help="sweep config (YAML): training keys + 'search'")
@@ -217,6 +254,9 @@ def main(argv=None) -> int:
     p.add_argument("--output", help="run directory (overrides 'output')")
     p.add_argument("--resume", nargs="?", const="latest", choices=("latest", "auto"),
                    help="continue the sweep in the run directory; 'auto': or start it")
+    p.add_argument("--force", action="store_true",
+                   help="with --resume: continue although the config changed in what the "
+                        "trials are (space, searcher, objective, folds, data, model, training)")
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
     preempt.install()
@@ -230,7 +270,10 @@ def main(argv=None) -> int:
 
         sets = list(args.set) + ([f"output={args.output}"] if args.output else [])
         config = resolve(args.config, sets, schema=hpo_schema(), require_model=False)
-        info = world.bcast(check_on_root(world, prepare, config, world.Get_size(), args.resume), root=0)
+        info = world.bcast(check_on_root(world, prepare, config, world.Get_size(), args.resume,
+                                           args.force), root=0)
+        for note in info["notes"] if ctx.rank == 0 else ():
+            print(note, flush=True)
     except Exception as err:  # mpilearn's own errors become statuses; others abort the job
         return exit_status(err, ctx.rank)
     s = config["search"]
@@ -255,15 +298,18 @@ def main(argv=None) -> int:
         pruner = make_pruner(s["pruner"], obj["directions"][0], **s["pruner_options"])
         coordinator = Coordinator(world, config, searcher, journal, state, s["blocks"],
                                   progress=not args.no_progress, pruner=pruner, objective=obj,
-                                  warm_start=warm_start(s["warm_start"]))
+                                  warm_start=warm_start(s["warm_start"]),
+                                  config_id=info["config"])
         state = coordinator.run()
         print(summary(state, obj, coordinator, info["output"]), flush=True)
     else:
         run_block(config, role, world, info)
     # every rank leaves with the same status: 75 (requeue me) if any rank saw a stop signal
-    stopped = world.allreduce(preempt.requested() is not None, op=mcomm.mpi().LOR)
+    stopped = world.allreduce(preempt.mask(), op=mcomm.mpi().BOR)
     if stopped and ctx.rank == 0:
-        print("mpilearn: sweep stopped by a signal; continue with --resume auto", flush=True)
+        journal = os.path.join(info["output"], "journal.jsonl")
+        print(f"mpilearn: stopped by {preempt.describe(stopped)}; checkpoint {journal} (each "
+              "interrupted fold has its own); continue with --resume auto", flush=True)
     return preempt.REQUEUE_EXIT if stopped else 0
 
 

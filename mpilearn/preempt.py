@@ -1,19 +1,25 @@
-"""Graceful stops at a batch system's time limit: SIGTERM / SIGUSR1 -> checkpoint -> exit 75.
+"""Graceful stops: SIGTERM / SIGINT / SIGUSR1 -> checkpoint at the next step -> exit 75.
 
-SLURM sends SIGTERM at the time limit (and SIGKILL ``KillWait`` seconds later), or the signal
-asked for with ``--signal``; ``mpirun`` forwards SIGUSR1 to every rank. The handler only
-records the signal; the training loop and the HPO coordinator poll :func:`requested` at
-safe points (between steps, between trials), agree on it collectively, save, and exit with
-:data:`REQUEUE_EXIT`, which the ``jobs/`` scripts turn into ``scontrol requeue``.
+SLURM sends SIGTERM at the time limit and on ``scancel`` (SIGKILL ``KillWait`` seconds later),
+or the signal asked for with ``--signal``; ``srun`` and MPICH's ``mpiexec`` forward SIGTERM to
+every rank; Open MPI's ``mpirun`` forwards only SIGUSR1/SIGUSR2 and ends the ranks itself on
+SIGTERM/SIGINT (SIGKILL 0.5 s later), so ``mpilearn-run`` turns those into a SIGUSR1 and
+writes the original signal's name to the file named by :data:`NOTE_ENV`. The handler only
+records the signal; the training loop and the HPO coordinator poll :func:`requested` at safe
+points (between steps, between trials), agree on it collectively, save, and exit with
+:data:`REQUEUE_EXIT`, which the ``jobs/`` scripts turn into ``scontrol requeue``. A second
+SIGINT (Ctrl-C twice) raises KeyboardInterrupt: stop now, without a checkpoint.
 """
 from __future__ import annotations
 
+import os
 import signal
 import threading
 from typing import Optional
 
 REQUEUE_EXIT = 75  # EX_TEMPFAIL: "stopped early, run me again with --resume auto"
-SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
+NOTE_ENV = "MPILEARN_SIGNAL_NOTE"  # a file: the signal a launcher wrapper turned into SIGUSR1
 
 _received: Optional[int] = None
 
@@ -24,11 +30,14 @@ class Preempted(Exception):
 
 def _record(signum, frame) -> None:
     global _received
-    _received = signum
+    if signum == signal.SIGINT and _received == signal.SIGINT:
+        raise KeyboardInterrupt  # Ctrl-C twice: the user does not want to wait
+    if _received is None:
+        _received = signum
 
 
 def install() -> None:
-    """Catch SIGTERM and SIGUSR1 (main thread only; a no-op elsewhere)."""
+    """Catch SIGTERM, SIGINT and SIGUSR1 (main thread only; a no-op elsewhere)."""
     if threading.current_thread() is not threading.main_thread():
         return
     for sig in SIGNALS:
@@ -40,8 +49,27 @@ def requested() -> Optional[int]:
     return _received
 
 
-def describe() -> str:
-    return signal.Signals(_received).name if _received else "no signal"
+def mask() -> int:
+    """This process's stop request as a bit mask (bit = signal number) to OR across ranks."""
+    return 1 << _received if _received else 0
+
+
+def describe(bits: Optional[int] = None) -> str:
+    """The stop signal's name: this process's, or the first of ``bits`` (ranks' masks OR-ed).
+    A SIGUSR1 that a wrapper forwarded for another signal is named after that one."""
+    num = _received if bits is None else next(
+        (s for s in SIGNALS if bits & (1 << s)), None)
+    if not num:
+        return "no signal"
+    name = signal.Signals(num).name
+    note = os.environ.get(NOTE_ENV)
+    if num == signal.SIGUSR1 and note:
+        try:
+            with open(note) as f:
+                name = f.read().strip() or name
+        except OSError:  # another node, or no note: the signal is what it was
+            pass
+    return name
 
 
 def reset() -> None:

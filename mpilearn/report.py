@@ -3,7 +3,8 @@
 Writes into RUN_DIR/report/:
 
 - ``best.json``: counts by status, the best trial (one objective) or the Pareto front (several),
-  parameter importances, block utilisation, suggestion origins;
+  parameter importances, block utilisation, suggestion origins, and the refit (its directory,
+  trial and test scores) once ``python -m mpilearn.refit`` ran;
 - ``trials.csv``: one row per trial, numbered as the journal numbers them (the plots use the same
   numbers): status, objective value(s), std and per-fold values, the step a pruned trial stopped
   at, wall time, origin, parameters, failure reason;
@@ -91,6 +92,12 @@ def importance(rows, space):
     return dict(zip(space.names, map(float, forest.feature_importances_)))
 
 
+def refit(run_dir: str):
+    """The sweep's final model (``python -m mpilearn.refit``): where, which trial, test scores."""
+    path = os.path.join(run_dir, "refit.json")
+    return json.load(open(path)) if os.path.exists(path) else None
+
+
 def _space(run_dir):
     import yaml
 
@@ -146,7 +153,8 @@ def main(argv=None) -> int:
                "best": best and {k: best[k] for k in ("trial", "key", "value", "std", "params")},
                "pareto": [{k: r[k] for k in ("trial", "key", "values", "params")} for r in front],
                "importance": weights, "block_utilisation": util,
-               "origins": dict(Counter(r["origin"] or "requeued" for r in rows))}
+               "origins": dict(Counter(r["origin"] or "requeued" for r in rows)),
+               "refit": refit(args.run_dir)}
     atomic_write_text(os.path.join(out, "best.json"), json.dumps(summary, indent=2))
     plots(out, rows, done, names, space, directions, signs, front, spans, util, weights,
           read_jsonl(os.path.join(args.run_dir, "journal.jsonl")))
@@ -155,6 +163,12 @@ def main(argv=None) -> int:
               f"(trial {best['trial']})")
     if front:
         print(f"Pareto front: {len(front)} trial(s): {sorted(r['trial'] for r in front)}")
+    if summary["refit"]:
+        r = summary["refit"]
+        scores = {k: v for k, v in (r.get("test") or {}).items()
+                  if k.startswith("test_") and isinstance(v, float)}
+        print(f"refit: {r['output']} (trial {r['trial']}"
+              + "".join(f"; {k} {v:.5g}" for k, v in scores.items()) + ")")
     print(f"{len(rows)} trials; report in {out}")
     return 0
 

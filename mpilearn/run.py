@@ -133,7 +133,54 @@ def main(argv=None) -> int:
     if shutil.which(cmd[0]) is None:
         sys.stderr.write(f"mpilearn-run: error: {cmd[0]} not found on PATH\n")
         return 2
-    return subprocess.call(cmd)
+    return launch(cmd, cmd[0] == "mpirun" and "-np" in cmd)
+
+
+def launch(cmd: List[str], open_mpi: bool) -> int:
+    """Runs the launcher; SIGINT/SIGTERM/SIGHUP to this process (Ctrl-C, ``kill``) reach
+    the ranks as a SIGUSR1, which every launcher forwards and none turns into a kill (Open MPI's
+    ``mpirun`` SIGKILLs the ranks 0.5 s after a SIGTERM or SIGINT), with the original signal's
+    name in a note file: the ranks stop after their current step, checkpoint, say so once and
+    exit 75. A second signal ends the job at once. The launcher runs in its own process group,
+    so a terminal's Ctrl-C reaches it only through here."""
+    import signal
+    import tempfile
+
+    from .preempt import NOTE_ENV
+
+    fd, note = tempfile.mkstemp(prefix="mpilearn-run-", suffix=".signal")
+    os.close(fd)
+    if open_mpi:  # the note's variable must be on the ranks: ``-x`` it (the others pass env)
+        cmd = cmd[:1] + ["-x", NOTE_ENV] + cmd[1:]
+    env = {**os.environ, NOTE_ENV: note}
+    # a background process group must not read the terminal (SIGTTIN would stop it)
+    stdin = subprocess.DEVNULL if sys.stdin is not None and sys.stdin.isatty() else None
+    child = subprocess.Popen(cmd, env=env, stdin=stdin, start_new_session=True)
+    seen = []
+
+    def forward(signum, frame):
+        seen.append(signum)
+        if len(seen) == 1:
+            with open(note, "w") as f:
+                f.write(signal.Signals(signum).name + "\n")
+            child.send_signal(signal.SIGUSR1)
+            return
+        sys.stderr.write(f"mpilearn-run: {signal.Signals(signum).name} again: ending the job "
+                         "now, without a checkpoint\n")
+        sys.stderr.flush()
+        # Open MPI ends the job on SIGTERM; srun and Hydra on a second SIGINT within 1 s
+        for sig in (signal.SIGTERM,) if open_mpi else (signal.SIGINT, signal.SIGINT):
+            child.send_signal(sig)
+
+    # SIGHUP too: the launcher's own session no longer hears a closing terminal
+    saved = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    try:
+        rc = child.wait()
+    finally:
+        for s, handler in saved.items():
+            signal.signal(s, handler)
+        os.unlink(note)
+    return 128 - rc if rc < 0 else rc
 
 
 if __name__ == "__main__":

@@ -80,7 +80,7 @@ def toy_files(tmp_path_factory):
 @pytest.fixture(scope="session")
 def showers_dir(tmp_path_factory):
     """160 synthetic angle-model showers, 100-200 GeV, in two files of 80."""
-    from mpilearn.simulate import simulate
+    from mpilearn.calo.simulate import simulate
 
     folder = tmp_path_factory.mktemp("showers")
     simulate(str(folder), 160, "angle", (100, 200), 11, 80, progress=False)

@@ -90,14 +90,17 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
         with open(self.path("slurm.conf"), "w") as f:
             f.write(conf)
 
-    def start(self) -> "Cluster":
-        self._write_config()
+    def start_munge(self) -> None:
         subprocess.run(["munged", "--force", "-S", self.path("munge", "sock"),
                         f"--key-file={self.path('munge.key')}",
                         f"--log-file={self.path('log', 'munged.log')}",
                         f"--pid-file={self.path('munge', 'pid')}",
                         f"--seed-file={self.path('munge', 'seed')}"], check=True, env=self.env)
         self.pidfiles.append(self.path("munge", "pid"))
+
+    def start(self) -> "Cluster":
+        self._write_config()
+        self.start_munge()
         subprocess.run(["slurmctld", "-i"], check=True, env=self.env)
         self.pidfiles.append(self.path("slurmctld.pid"))
         subprocess.run(["slurmd"], check=True, env=self.env)

@@ -111,7 +111,7 @@ def test_stop_signal_resume_and_abort_under_downpour(toy_file, tmp_path):
     job.send_signal(signal.SIGUSR1)
     stdout, stderr = job.communicate(timeout=120)
     assert job.returncode == 75, stderr
-    assert "checkpoint saved" in stdout
+    assert stdout.count("mpilearn: stopped by SIGUSR1; checkpoint ") == 1, stdout
     proc = mpirun(3, cmd + ["--resume", "auto"])
     assert proc.returncode == 0 and "resumed from" in proc.stdout, proc.stderr
     epochs = [r["epoch"] for r in read_jsonl(metrics)]
@@ -124,7 +124,7 @@ def test_stop_signal_resume_and_abort_under_downpour(toy_file, tmp_path):
 
 @pytest.mark.parametrize("model", ["gan3d.py", "gan3d_keras.py"])
 def test_the_gan_task_trains_both_models_under_easgd(model, tmp_path):
-    from mpilearn.simulate import simulate
+    from mpilearn.calo.simulate import simulate
 
     simulate(str(tmp_path / "showers"), 64, "angle", (100, 200), 1, 64, progress=False)
     out = str(tmp_path / "gan")

@@ -41,12 +41,19 @@ def h5(path, **datasets):
 CASES = [
     (["--set", "train.seed=-1"], "'train.seed' must be in [0, 2**32), got -1", MLP),
     (["--set", "hparams.optimizer=adamw"],
-     "build(hparams) failed: ValueError: hparams.optimizer must be adam or sgd, got 'adamw'", MLP),
+     "hparams.optimizer is 'adamw': not one of 'adam', 'sgd'; did you mean 'adam'?", MLP),
+    (["--set", "hparams.layers=1.5"], "hparams.layers is 1.5: must be an integer in [0, inf)", MLP),
+    (["--set", "hparams.preset=smal"], "hparams.preset is 'smal': not one of 'full', 'small'; "
+     "did you mean 'small'?", f"{REPO}/models/gan3d.py"),
     ([], "build(hparams) returned dict, expected a task", f"{TESTS}/models/wrong_type.py"),
     (["--set", "hparams.features=10"], "the data do not fit the model: a batch of", MLP),
     (["--set", "train.early_stopping.patience=2", "--set", "train.early_stopping.monitor=val_los"],
      "train.early_stopping.monitor 'val_los' is not a metric this run logs (did you mean "
      "'val_loss'?)", MLP),
+    (["--set", "train.best.monitor=samples_per_s"], "train.best.mode is needed for monitor "
+     "'samples_per_s' (min or max): the direction is inferred only for", MLP),
+    (["--set", "train.best.monitor=val_los"], "train.best.monitor 'val_los' is not a metric "
+     "this run logs (did you mean 'val_loss'?)", MLP),
     (["--set", "train.precision=bf16"], "train.precision=bf16 is for PyTorch models; for a "
      "Keras model call keras.mixed_precision.set_global_policy('mixed_bfloat16')",
      f"{REPO}/models/keras_mlp.py"),
@@ -148,6 +155,33 @@ def test_corrupt_gzip_chunk_names_file_and_events(tmp_path):
                                 "--output", str(tmp_path / "run")), timeout=120)
     assert proc.returncode != 0 and proc.seconds < 60
     assert f"{path}: reading dataset 'X', events" in proc.stderr, proc.stderr[-2000:]
+
+
+def test_a_corrupt_chunk_read_by_both_ranks_is_one_message_then_skip_resumes(tmp_path):
+    """Unshuffled, no validation split: step 3 reads events 96-111 on rank 0 and 112-127 on
+    rank 1, all in the corrupt chunk. Both ranks fail; the job says so once, saves the
+    position before that step, and continues from it with data.on_error=skip."""
+    import json
+
+    path = corrupt_file(tmp_path)
+    out = tmp_path / "run"
+    base = ["--set", f"model={MLP}", "--set", f"data.files=[{path}]", "--set",
+            "data.shuffle=false", "--set", "data.val_fraction=0", "--set", "train.batch_size=16",
+            "--output", str(out)]
+    proc = mpirun(2, train_args(*base), timeout=120)
+    both = proc.stdout + proc.stderr
+    assert proc.returncode == 3, both[-3000:]
+    assert both.count(f"{path}: reading dataset 'X'") == 1, both
+    assert f"{path}: reading dataset 'X', events 96-127 of this file failed on ranks 0, 1" in proc.stderr
+    assert "Traceback" not in both and "data.on_error=skip" in proc.stderr
+    from mpilearn.train.checkpoint import latest, load
+
+    state = load(latest(str(out / "checkpoints")))
+    assert (state["epoch"], state["step_in_epoch"]) == (0, 3)  # the steps before the bad one
+    proc = mpirun(2, train_args(*base, "--set", "data.on_error=skip", "--resume"), timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    records = [json.loads(line) for line in open(out / "metrics.jsonl")]
+    assert "stopped" in records[0] and records[-1]["epoch"] == 1
 
 
 def test_a_failed_write_names_the_file_and_keeps_the_old_one(tmp_path):

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from conftest import REPO, TESTS, mpirun, train_args
-from mpilearn import physics
-from mpilearn.data.calo import Preprocess, measured_angle_np
-from mpilearn.simulate import showers, simulate
+from mpilearn.calo import physics
+from mpilearn.calo.format import Preprocess, measured_angle_np
+from mpilearn.calo.simulate import showers, simulate
 from mpilearn.train import checkpoint as ckpt
 
 sys.path.insert(0, os.path.join(REPO, "models"))
@@ -179,7 +179,7 @@ def test_reference_ecal_fit_and_the_fake_batch_conditions():
     """3dgan.md §2a: the 25x25x25 model's fake batches sample E' ~ U(10, 500) GeV, fresh for
     D's fake batch and each G update, with Σ from GetEcalFit; the angle model reuses the real
     batch's E, θ and Σ."""
-    from mpilearn.data.calo import ecal_fit
+    from mpilearn.calo.format import ecal_fit
 
     for e_gev, fraction in ((10, 0.0218), (100, 0.0202), (200, 0.0193), (500, 0.0181)):
         assert ecal_fit(e_gev / 100) / 100 / e_gev == pytest.approx(fraction, abs=5e-5)
@@ -197,7 +197,7 @@ def test_reference_ecal_fit_and_the_fake_batch_conditions():
 
 
 def test_fixed_model_trains_its_fake_batches_on_sampled_energies():
-    from mpilearn.data.calo import Preprocess
+    from mpilearn.calo.format import Preprocess
 
     rng = np.random.default_rng(0)
     task = gan3d.build({"variant": "fixed", "dropout": 0.0})
@@ -215,7 +215,7 @@ def test_fixed_model_trains_its_fake_batches_on_sampled_energies():
 
 def test_measured_angle_counts_faint_layers_as_the_reference_does():
     """Only an exact 0 is empty (measPython); an empty event measures 100."""
-    from mpilearn.data.calo import EMPTY_ANGLE, measured_angle
+    from mpilearn.calo.format import EMPTY_ANGLE, measured_angle
 
     img = torch.zeros(3, 51, 51, 25, dtype=torch.float64)
     for z in range(5, 20):          # a tilted track
@@ -232,7 +232,7 @@ def test_measured_angle_counts_faint_layers_as_the_reference_does():
 def test_bf16_autocast_step_stays_close_to_fp32():
     """train.precision=bf16: the four updates run under autocast (here on the CPU), the loss
     terms in float32, the weights stay float32 and the losses stay near fp32's."""
-    from mpilearn.data.calo import Preprocess
+    from mpilearn.calo.format import Preprocess
 
     rng = np.random.default_rng(0)
     raw = {"ECAL": rng.random((6, 51, 51, 25), dtype=np.float32), "energy": rng.uniform(100, 200, 6),

@@ -164,3 +164,52 @@ def test_keras_torch_backend_on_cuda_two_ranks_equal_one(tmp_path, mode):
     a, b = np.load(one), np.load(two)
     for k in a.files:
         np.testing.assert_allclose(b[k], a[k], rtol=2e-5, atol=2e-6)
+
+
+def test_compiled_channels_last_gan_on_cuda_follow_eager(tmp_path):
+    """train.compile and channels_last_3d on CUDA, 2 ranks sharing the GPU: the small 3DGAN
+    in float64 follows eager, and its buckets start from backward's hooks."""
+    out = str(tmp_path / "r.npz")
+    proc = mpirun(2, [f"{TESTS}/scripts/compiled_step.py", "gan", "4", "2", out, "cuda"],
+                  env=SHARED, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = np.load(out)
+    d = {k: data[k] for k in data.files}
+    for variant in ("compiled", "channels_last"):
+        for k in (k for k in d if k.startswith("eager/") and k.count("/") == 2):
+            want, got = d[k], d[k.replace("eager/", variant + "/", 1)]
+            assert np.abs(got - want).max() <= 1e-4 * max(np.abs(want).max(), 1e-12), (variant, k)
+        np.testing.assert_allclose(d[f"{variant}/losses"][0], d["eager/losses"][0], rtol=1e-8)
+        assert d[f"{variant}/overlapped"] >= 8 and not d[f"{variant}/prefixed"]
+
+
+def test_one_host_read_per_gan_batch_on_cuda():
+    """The four updates' finite flags and losses leave the GPU in one read, and no
+    .item()/bool() on a CUDA tensor happens in the step."""
+    import sys
+
+    from mpilearn.calo.format import Preprocess
+    from mpilearn.train import guard
+
+    sys.path.insert(0, os.path.join(REPO, "models"))
+    import gan3d
+
+    class CudaScalarReads(torch.utils._python_dispatch.TorchDispatchMode):
+        count = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is torch.ops.aten._local_scalar_dense.default and args[0].is_cuda:
+                type(self).count += 1
+            return func(*args, **(kwargs or {}))
+
+    rng = np.random.default_rng(0)
+    batch = Preprocess("angle")({"ECAL": rng.random((16, 51, 51, 25), dtype=np.float32),
+                                 "energy": rng.uniform(100, 200, 16), "mtheta": rng.uniform(1.0, 2.1, 16),
+                                 "_index": np.arange(16)})
+    task = gan3d.build({"preset": "small"})
+    task.setup(None, "cuda:0", "mpi", 1 << 20, distributed=False)
+    task.train_step(batch)
+    before = guard.READS["count"]
+    with CudaScalarReads():
+        task.train_step(batch)
+    assert guard.READS["count"] - before == 1 and CudaScalarReads.count == 0

@@ -175,7 +175,7 @@ def test_real_sweep_of_the_supervised_model(toy_file, tmp_path):
 
 
 def test_short_sweep_of_the_small_3dgan_on_the_physics_score(tmp_path):
-    from mpilearn.simulate import simulate
+    from mpilearn.calo.simulate import simulate
 
     simulate(str(tmp_path / "showers"), 120, "angle", (100, 200), 4, 120, progress=False)
     cfg = {"model": f"{REPO}/models/gan3d.py", "hparams": {"preset": "small"},
@@ -220,7 +220,9 @@ def test_trial_time_limit(toy_file, tmp_path):
     (3, {"space": {"hiden": {"type": "int", "low": 8, "high": 64}}},
      "search.space.hiden: the model has no hyperparameter 'hiden' (did you mean 'hidden'?)"),
     (3, {"model_hparams": {"optimizer": "adamw"}},
-     "build(hparams) failed with the default hyperparameters: ValueError"),
+     "hparams.optimizer is 'adamw': not one of 'adam', 'sgd'; did you mean 'adam'?"),
+    (3, {"space": {"momentum": {"type": "real", "low": 0.5, "high": 1.5}}},
+     "search.space.momentum: hparams.momentum is 1.5: must be a number in [0, 1]"),
     (3, {"model_hparams": {"hiden": 16}},
      "hparams.hiden: the model " + f"{REPO}/models/mlp.py" + " has no hyperparameter 'hiden' "
      "(did you mean 'hidden'?)"),
@@ -237,12 +239,14 @@ def test_trial_time_limit(toy_file, tmp_path):
     (3, {"enqueue": [{"lr": 0.5}]}, "search.enqueue[0].lr is 0.5: outside the space (real in "
                                     "[0.001, 0.01])"),
     (3, {"warm_start": ["no/such/sweep"]}, "search.warm_start: no/such/sweep/journal.jsonl not found"),
+    (3, {"data_test_files": ["x.h5"]}, "data.test_files in a sweep: give them as search.test_files"),
 ])
 def test_bad_sweep_input(toy_file, tmp_path, np_, search, message):
     base = {"searcher": "random", "budget": 2, "blocks": 2, "folds": 1,
             "space": {"lr": {"type": "real", "low": 1e-3, "high": 1e-2}}}
     hparams = search.pop("model_hparams", {})
-    cfg = {"model": f"{REPO}/models/mlp.py", "data": {"files": [toy_file]}, "hparams": hparams,
+    data = {"files": [toy_file], "test_files": search.pop("data_test_files", [])}
+    cfg = {"model": f"{REPO}/models/mlp.py", "data": data, "hparams": hparams,
            "output": str(tmp_path / "sweep"), "search": {**base, **search}}
     path = tmp_path / "hpo.yaml"
     path.write_text(yaml.safe_dump(cfg))
@@ -272,6 +276,9 @@ def test_stop_signal_records_in_flight_trials_and_resume_auto_finishes(toy_file,
     stdout, stderr = job.communicate(timeout=120)
     assert job.returncode == 75, stderr
     assert "sweep stopped" in stdout
+    stop_lines = [l for l in stdout.splitlines() if "stopped by" in l]  # one, for every fold
+    assert len(stop_lines) == 1 and stop_lines[0].startswith("mpilearn: stopped by SIGUSR1; "
+                                                             "checkpoint "), stdout
     journal = str(tmp_path / "sweep" / "journal.jsonl")
     interrupted = {r["key"] for r in read_jsonl(journal) if r["event"] == "interrupted"}
     finished = {r["key"] for r in read_jsonl(journal) if r["event"] in ("done", "failed")}

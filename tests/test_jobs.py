@@ -40,12 +40,23 @@ def test_gpu_site_profile(tmp_path):
     text = proc.stdout
     for line in ("#SBATCH --nodes=8", "#SBATCH --ntasks-per-node=4", "#SBATCH --gpus-per-node=4",
                  "#SBATCH --partition=gpu", "#SBATCH --account=calo", "#SBATCH --time=12:00:00",
-                 "#SBATCH --signal=B:USR1@300", "srun --mpi=pmix --kill-on-bad-exit=1 --ntasks=32",
-                 "module load $MODULES", "MODULES=${MPILEARN_MODULES-'gcc/12 openmpi/4.1'}",
-                 "VENV=${MPILEARN_VENV:-/sw/mpilearn}", 'STAGE="/tmp/mpilearn-$SLURM_JOB_ID"',
+                 "#SBATCH --signal=B:USR1@300",
+                 'srun --mpi=pmix --kill-on-bad-exit=1 --ntasks="$NTASKS"',
+                 "then module load $MODULES", "MODULES=${MPILEARN_MODULES-'gcc/12 openmpi/4.1'}",
+                 "VENV=${MPILEARN_VENV:-/sw/mpilearn}",
+                 'export MPILEARN_STAGE="/tmp/mpilearn-$SLURM_JOB_ID"', "trap unstage EXIT",
                  "--resume auto", "scontrol requeue"):
         assert line in text, line
+    assert "module purge" not in text and "--set" not in text  # staging leaves the config alone
     assert subprocess.run(["bash", "-n"], input=text, text=True).returncode == 0
+    # an explicit tasks_per_node is kept beside GPUs (two ranks per GPU), module purge opt-in
+    site.write_text(yaml.safe_dump({"gpus_per_node": 4, "tasks_per_node": 8, "modules": ["x"],
+                                    "module_purge": True}))
+    eight = render("--config", "jobs/train-3dgan.yaml", "--site", str(site))
+    assert "#SBATCH --ntasks-per-node=8" in eight.stdout, eight.stderr
+    assert "module purge && module load" in eight.stdout
+    cli = render("--config", "jobs/train-3dgan.yaml", "--gpus-per-node", "4", "--tasks-per-node", "8")
+    assert "#SBATCH --ntasks-per-node=8" in cli.stdout, cli.stderr
 
 
 def test_sweep_layout_must_fill_the_gpus_and_bad_keys_are_named(tmp_path):
@@ -55,7 +66,8 @@ def test_sweep_layout_must_fill_the_gpus_and_bad_keys_are_named(tmp_path):
     ok = render("--kind", "hpo", "--config", "jobs/hpo-mlp.yaml", "--nodes", "2",
                 "--gpus-per-node", "2", "--launcher", "mpirun")
     assert ok.returncode == 0, ok.stderr
-    assert "COUNTS=(3 2)" in ok.stdout and "mpirun -np 5 --hostfile" in ok.stdout
+    assert "#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=3\n" in ok.stdout
+    assert 'mpirun -np "$NTASKS" --hostfile "$HOSTFILE"' in ok.stdout
     site = tmp_path / "site.yaml"
     site.write_text("gpus_per_nod: 4\n")
     bad = render("--config", "jobs/train-3dgan.yaml", "--site", str(site))
@@ -77,7 +89,7 @@ def test_example_sweep_configs_are_valid(name):
     config = resolve(os.path.join(REPO, "jobs", name), schema=hpo_schema(), require_model=False)
     s = config["search"]
     obj = objective.parse(config)
-    declared = default_hparams(os.path.join(REPO, config["model"]))
+    declared = default_hparams(config["model"])
     space = Space.from_config(s["space"], {**declared, **config["hparams"]}, known=set(declared))
     make_searcher(s["searcher"], space, s["seed"], len(obj["directions"]), **s["options"])
     make_pruner(s["pruner"], obj["directions"][0], **s["pruner_options"])
@@ -95,3 +107,55 @@ def test_rendered_scripts_give_ranks_cores_over_ranks_unless_cpus_per_task():
 
     assert threads(SLURM_CPUS_PER_TASK="4") == "4"
     assert threads() == "unset"  # mpilearn then gives each rank cores / ranks on the node
+
+
+def alloc(slots, gpus=0):
+    return {"ntasks": sum(slots), "hosts": [f"n{i}" for i in range(len(slots))],
+            "slots": slots, "gpus": gpus}
+
+
+def test_a_sweep_is_placed_on_the_allocation_it_gets_or_refused_naming_both():
+    from mpilearn.allocation import place_sweep
+
+    # the coordinator first, on node 0; then the training ranks in node order
+    assert place_sweep(alloc([5]), 2, 2, "s.yaml") == [5]
+    assert place_sweep(alloc([9]), 2, 2, "s.yaml") == [5]          # room to spare: 5 of 9
+    assert place_sweep(alloc([3, 3]), 2, 2, "s.yaml") == [3, 2]
+    assert place_sweep(alloc([3, 3], gpus=2), 2, 2, "s.yaml") == [3, 2]
+    with pytest.raises(Exception) as err:
+        place_sweep(alloc([3]), 2, 2, "s.yaml")
+    message = str(err.value)
+    assert "s.yaml needs 5 task(s) (1 coordinator + 2 block(s) x 2 rank(s) per trial)" in message
+    assert "the allocation has 3 task(s) on 1 node(s)" in message
+    assert "sbatch --ntasks=5" in message and "--set search.blocks=1" in message
+    with pytest.raises(Exception, match="one GPU each"):  # 4 slots but one GPU per node
+        place_sweep(alloc([4, 4], gpus=1), 2, 2, "s.yaml")
+
+
+def test_plan_outside_an_allocation_is_bad_input():
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    proc = subprocess.run([sys.executable, "-m", "mpilearn.jobs", "--plan", "--kind", "hpo",
+                           "--config", "jobs/hpo-mlp.yaml", "--set", "search.blocks=1"],
+                          capture_output=True, text=True, cwd=REPO, env=env)
+    assert proc.returncode == 2 and "not inside a SLURM allocation" in proc.stderr, proc.stderr
+
+
+def test_staging_keeps_same_named_files_apart_and_the_reader_opens_the_copies(tmp_path, monkeypatch):
+    from mpilearn.data.hdf5 import EventFiles
+    from mpilearn.data.stage import ENV, local, stage
+    from mpilearn.data.toy import write_regression
+
+    sources = [write_regression(str(tmp_path / d / "part.h5"), events=n, seed=n)
+               for d, n in (("a", 10), ("b", 20))]
+    stage_dir = str(tmp_path / "stage")
+    assert stage(sources, stage_dir) == (2, sum(os.path.getsize(p) for p in sources))
+    assert stage(sources, stage_dir)[0] == 0  # a second call on the node: present already
+    monkeypatch.setenv(ENV, stage_dir)
+    copies = [local(p) for p in sources]
+    assert len(set(copies)) == 2 and all(c.startswith(stage_dir) for c in copies)
+    files = EventFiles(sources, ["X", "y"])
+    assert files.paths == sources and list(files.counts) == [10, 20]  # sources, as recorded
+    files.read([0, 15])
+    assert [files._file(i).filename for i in (0, 1)] == copies
+    monkeypatch.setenv(ENV, str(tmp_path / "elsewhere"))  # not staged here: the source
+    assert local(sources[0]) == sources[0]

@@ -126,7 +126,7 @@ def test_3dgan_keras_matches_pytorch_after_copying_the_weights(backend, tmp_path
 
 
 def test_keras_3dgan_trains_through_the_engine(tmp_path):
-    from mpilearn.simulate import simulate
+    from mpilearn.calo.simulate import simulate
 
     simulate(str(tmp_path / "showers"), 64, "angle", (100, 200), 1, 64, progress=False)
     out = tmp_path / "gan"

@@ -2,7 +2,7 @@
 
 The oracle below is written the way the reference analysis is (a dict of per-bin arrays,
 moments by a loop over orders, the metric accumulated bin by bin with its moment block run
-twice), independently of mpilearn.physics_reference's vectorised code.
+twice), independently of mpilearn.calo.reference's vectorised code.
 """
 import json
 import math
@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 from conftest import mpirun
-from mpilearn import physics
-from mpilearn.data.calo import measured_angle_np
-from mpilearn.physics_reference import METRIC_ENERGIES, SF_ENERGIES
-from mpilearn.simulate import showers, simulate
+from mpilearn.calo import physics
+from mpilearn.calo.format import measured_angle_np
+from mpilearn.calo.reference import METRIC_ENERGIES, SF_ENERGIES
+from mpilearn.calo.simulate import showers, simulate
 
 
 def oracle_moments(sums, total, m):
@@ -114,7 +114,7 @@ def test_reference_metric_of_identical_samples_is_zero(samples):
 def test_full_range_bins_and_bin_zero_takes_the_first_5000_events():
     rng = np.random.default_rng(0)
     energy = rng.uniform(10, 500, 60)
-    from mpilearn.physics_reference import energy_set, select
+    from mpilearn.calo.reference import energy_set, select
 
     assert energy_set(energy) == "full" and energy_set(np.array([100.0, 200.0])) == "reduced"
     assert list(select(np.zeros(6000), 0)) == list(range(5000))

@@ -100,7 +100,7 @@ def test_requeued_training_job_ends_where_an_uninterrupted_run_ends(slurm, toy_f
     info = slurm.wait(job)
     log = log_of(tmp_path, job)
     assert info["JobState"] == "COMPLETED" and info["Restarts"] == "1", log + slurm.logs()
-    assert "stop signal (SIGTERM): checkpoint saved" in log
+    assert "mpilearn: stopped by SIGTERM; checkpoint " in log
     assert f"requeueing job {job}" in log and "restart 1 on" in log and "resumed from" in log
     got = ckpt.load(ckpt.latest(str(out / "checkpoints")))["task"]["models"]["model"]
     want = ckpt.load(ckpt.latest(str(whole / "checkpoints")))["task"]["models"]["model"]

@@ -158,7 +158,9 @@ def test_an_earlier_run_is_never_silently_overwritten(toy_files, tmp_path):
     fresh = run(1, toy_files, out, "--set", "train.epochs=1", "--overwrite")
     assert fresh.returncode == 0, fresh.stderr
     assert [json.loads(l)["epoch"] for l in open(out / "metrics.jsonl")] == [1]
-    assert len(os.listdir(out / "checkpoints")) == 2  # one checkpoint and 'latest'
+    # one checkpoint, 'latest' and the best epoch's (train.best: val_loss by default)
+    assert sorted(os.listdir(out / "checkpoints")) == ["best.pt", "ckpt-e0001-s0000000.pt",
+                                                       "latest"]
 
 
 def test_tensorboard_and_csv_logs(toy_files, tmp_path):

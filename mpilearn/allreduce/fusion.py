@@ -22,6 +22,11 @@ def _aliases(grad: torch.Tensor, view: torch.Tensor) -> bool:
                             and grad.stride() == view.stride() and grad.dtype == view.dtype)
 
 
+def _dense(t: torch.Tensor) -> bool:
+    return any(t.is_contiguous(memory_format=f) for f in (torch.channels_last, torch.channels_last_3d)
+               if t.dim() == (4 if f is torch.channels_last else 5))
+
+
 class Bucket(FlatBuffer):
     """Parameters whose gradients travel together. Their ``.grad`` are views of the bucket's
     flat buffer (like DDP's ``gradient_as_bucket_view``): backward accumulates straight into
@@ -34,7 +39,10 @@ class Bucket(FlatBuffer):
         super().__init__(params)
         self.params = params
         self.buffer = self.payload
-        self.grad_views = self.views()
+        # a channels-last parameter's view has its strides (autograd's gradient layout
+        # contract), so backward accumulates into it without a layout change
+        self.grad_views = [v if p.is_contiguous() or not _dense(p) else v.as_strided(p.shape, p.stride())
+                           for v, p in zip(self.views(), params)]
         self.sparse = [False] * len(params)
         self.all_bound = True  # every gradient was its view when gathered (no sparse ones)
         self.ready = 0
@@ -166,6 +174,7 @@ class GradientReducer:
         self._delay = {id(p): backward_passes for p in self.params}
         self._next = 0  # index of the next bucket to launch
         self._hooks = []
+        self.overlapped = 0  # buckets launched from backward's hooks (overlap), since creation
         self.seconds = 0.0  # time spent in communication calls and waits, since last reset
 
     def layout(self) -> list:
@@ -221,6 +230,7 @@ class GradientReducer:
                 break
             self._launch(bucket)
             self._next += 1
+            self.overlapped += 1
 
     def zero_grads(self) -> set:
         """Zeroes every bucket; the ids of the parameters whose gradient stays bound."""
@@ -254,8 +264,15 @@ class GradientReducer:
         self._next = 0
         self._delay = {k: self.backward_passes for k in self._delay}
 
+    def finite_flag(self) -> torch.Tensor:
+        """Whether every bucket is finite, as a 0-dim bool tensor on the device (no read)."""
+        flags = [torch.isfinite(b.buffer).all() for b in self.buckets]
+        if not flags:
+            return torch.ones((), dtype=torch.bool)
+        return flags[0] if len(flags) == 1 else torch.stack(flags).all()
+
     def all_finite(self) -> bool:
-        return all(bool(torch.isfinite(b.buffer).all()) for b in self.buckets)
+        return bool(self.finite_flag())
 
     def pop_seconds(self) -> float:
         s, self.seconds = self.seconds, 0.0

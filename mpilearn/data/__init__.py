@@ -1,1 +1,1 @@
-"""HDF5 event datasets (sharding, shuffling, prefetch), the calorimeter formats and the toy data."""
+"""HDF5 event datasets (sharding, shuffling, prefetch) and the toy data (the calorimeter format is mpilearn.calo.format)."""

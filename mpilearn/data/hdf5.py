@@ -17,10 +17,38 @@ from typing import Callable, Dict, Iterator, List, Optional, Sequence
 import numpy as np
 
 from ..errors import UsageError
+from .stage import local
 
 
 class DataError(OSError):
-    """A data file that opened fine fails while training reads it; names file and events."""
+    """A data file that opened fine fails while training reads it; names file and events.
+    ``where`` = (path, dataset key, first event, last event, the reader's own error): what
+    :func:`one_message` groups when several ranks hit the same cause."""
+
+    def __init__(self, message: str, where: Optional[tuple] = None):
+        super().__init__(message)
+        self.where = where
+
+
+def one_message(failures: List[tuple]) -> str:
+    """The read failures that ranks saw at one step, ``(rank, where or message)`` each, as one
+    message: one entry per file, dataset and error, with the events and ranks it covers."""
+    groups: Dict[tuple, list] = {}
+    for rank, where in failures:
+        key = (where[0], where[1], where[4]) if isinstance(where, tuple) else (where,)
+        group = groups.setdefault(key, [[], []])
+        group[0].append(rank)
+        if isinstance(where, tuple):
+            group[1] += [where[2], where[3]]
+    parts = []
+    for key, (ranks, events) in groups.items():
+        on = f" on rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, sorted(ranks)))}"
+        if len(key) == 1:
+            parts.append(key[0] + on)
+        else:
+            parts.append(f"{key[0]}: reading dataset '{key[1]}', events {min(events)}-"
+                         f"{max(events)} of this file failed{on}: {key[2]}")
+    return "; ".join(parts)
 
 
 class EventFiles:
@@ -43,7 +71,7 @@ class EventFiles:
             if not os.path.isfile(path):
                 raise UsageError(f"data file not found: {path}")
             try:
-                handle = h5py.File(path, "r")
+                handle = h5py.File(local(path), "r")
             except OSError as err:
                 raise UsageError(f"cannot open {path} as HDF5: {err}") from None
             with handle as f:
@@ -94,7 +122,7 @@ class EventFiles:
 
         path = self.paths[i]
         if path not in self._handles:  # a chunk cache that holds a shuffled batch's chunks
-            self._handles[path] = h5py.File(path, "r", rdcc_nbytes=64 << 20, rdcc_nslots=10007)
+            self._handles[path] = h5py.File(local(path), "r", rdcc_nbytes=64 << 20, rdcc_nslots=10007)
         return self._handles[path]
 
     def read(self, indices: np.ndarray) -> Dict[str, np.ndarray]:
@@ -141,7 +169,8 @@ class EventFiles:
                 target[dest] = mapped[rows]
         except (OSError, ValueError, RuntimeError) as err:  # e.g. a corrupt gzip chunk
             raise DataError(f"{self.paths[i]}: reading dataset '{key}', events "
-                            f"{rows.min()}-{rows.max()} of this file failed: {err}") from None
+                            f"{rows.min()}-{rows.max()} of this file failed: {err}",
+                            (self.paths[i], key, int(rows.min()), int(rows.max()), str(err))) from None
 
     def _dataset(self, i: int, key: str):
         """(dataset, memory map or None, event shape, dtype) of ``key`` in file ``i``, looked up

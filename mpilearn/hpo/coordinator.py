@@ -34,9 +34,10 @@ def model_wait(walls) -> float:
 class Coordinator:
     def __init__(self, comm, config: dict, searcher, journal: Journal, state: SweepState,
                  blocks: int, progress: bool = True, pruner=None, objective=None,
-                 warm_start=()):
+                 warm_start=(), config_id: int = 1):
         self.comm, self.config, self.journal, self.state = comm, config, journal, state
         self.search = config["search"]
+        self.config_id = config_id  # config-history/NNNN.yaml: journalled with every trial
         self.blocks = blocks
         self.budget = self.search["budget"]
         self.obj = objective or {"signs": [1.0], "directions": ["minimize"]}
@@ -99,8 +100,10 @@ class Coordinator:
             event = self.requeue.pop(0)
             self.journal.write("started", key=event["key"], trial=event["trial"],
                                params=event["params"], block=block, requeued=True,
-                               origin=event.get("origin"))
-            return {**event, "block": block}
+                               origin=event.get("origin"), config=self.config_id)
+            # each fold's wall so far: the trial's wall_time counts every session
+            return {**event, "block": block,
+                    "prior_wall": self.state.prior_wall.get(event["key"], {})}
         if self.state.n_trials() >= self.budget:
             return None
         got = self.pool.get(self._wait())
@@ -113,7 +116,7 @@ class Coordinator:
         point, origin = got
         key = trial_key(point)
         event = {"key": key, "trial": self.state.n_trials(), "params": point, "block": block,
-                 "origin": origin}
+                 "origin": origin, "config": self.config_id}
         self.state.started[key] = event
         self.state.order.append(key)
         self.journal.write("started", **event)
@@ -180,7 +183,7 @@ class Coordinator:
         status = MPI.Status()
         active = set(range(self.blocks))
         sleep = 0.001
-        self.journal.write("job", blocks=self.blocks)  # a job starts: the report's time axis
+        self.journal.write("job", blocks=self.blocks, config=self.config_id)  # a job starts: the report's time axis
         try:
             while active:
                 if preempt.requested() is not None and not self.stop_requested:

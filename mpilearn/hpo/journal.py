@@ -1,13 +1,15 @@
 """The sweep's append-only journal: one JSON line per event, written only by the coordinator.
 
 Events:
-``started`` (key, trial, params, block, origin), ``progress`` (key, fold, epoch, value: one
+``started`` (key, trial, params, block, origin, config: the number of the config in
+``config-history/`` it ran under), ``progress`` (key, fold, epoch, value: one
 fold's report), ``verdict`` (key, trial, step, value = mean over the folds, prune: the pruner's
 answer), ``done`` (key, values = per objective the mean over folds, value = the first, std,
 fold_values, wall), ``pruned`` (key, step and value where it stopped), ``failed`` (key, reason,
-killed: its job died under it), ``interrupted`` (key: in flight when the job was stopped),
-``exhausted`` (a finite space has no untried point left), ``job`` (a job of the sweep started:
-the first run or a resume). Resume = replay.
+killed: its job died under it), ``interrupted`` (key, folds with each fold's wall so far: in
+flight when the job was stopped), ``exhausted`` (a finite space has no untried point left),
+``job`` (a job of the sweep started: the first run or a resume; config as for started).
+Resume = replay.
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ class SweepState:
     order: List[str] = field(default_factory=list)           # keys in start order
     pruning: List[tuple] = field(default_factory=list)  # ("report", trial, step, value) |
                                                         # ("complete", trial), in order
+    prior_wall: Dict[str, Dict[int, float]] = field(default_factory=dict)  # key -> fold -> s
 
     @property
     def in_flight(self) -> List[str]:
@@ -55,6 +58,9 @@ class Journal:
                 state.finished[key] = rec
                 if kind == "done":
                     state.pruning.append(("complete", state.started[key]["trial"]))
+            elif kind == "interrupted":  # a fold's wall counts every session so far
+                state.prior_wall[key] = {f["fold"]: f["wall"] for f in rec.get("folds", [])
+                                         if "wall" in f and "fold" in f}
             elif kind == "verdict":
                 state.pruning.append(("report", rec["trial"], rec["step"], rec["value"]))
         return state

@@ -148,19 +148,25 @@ def prefixed_output(prefix: str):
 
 
 def run_fold(config: dict, point: dict, fold: int, ctx, output: str, obj: dict,
-             n_events: Optional[int], on_epoch=None, key: str = "") -> dict:
+             n_events: Optional[int], on_epoch=None, key: str = "", prior_wall: float = 0.0,
+             force: bool = False) -> dict:
     """:func:`_run_fold` with every line it prints prefixed by ``[trial KEY fold K]``."""
     with prefixed_output(f"[trial {key} fold {fold}] "):
-        return _run_fold(config, point, fold, ctx, output, obj, n_events, on_epoch)
+        return _run_fold(config, point, fold, ctx, output, obj, n_events, on_epoch,
+                         prior_wall, force)
 
 
 def _run_fold(config: dict, point: dict, fold: int, ctx, output: str, obj: dict,
-              n_events: Optional[int], on_epoch=None) -> dict:
+              n_events: Optional[int], on_epoch=None, prior_wall: float = 0.0,
+              force: bool = False) -> dict:
     """Collective over ``ctx.comm``: trains one fold; never raises for a failed trial.
 
     A fold that a stop signal interrupted returns status ``interrupted``; run again, it
-    continues from its own checkpoint."""
-    start = time.time()
+    continues from its own checkpoint, and its ``wall`` (and a ``wall_time`` objective)
+    counts the earlier sessions' ``prior_wall`` seconds too. ``force``: the sweep was resumed
+    with --force, so a fold continues under the changed config."""
+    session = time.time()
+    start = session - prior_wall  # wall = every session of this fold
     search = config["search"]
     try:
         if "callable" in obj:
@@ -177,10 +183,11 @@ def _run_fold(config: dict, point: dict, fold: int, ctx, output: str, obj: dict,
             trial["hparams"] = apply(config["hparams"], point)
             events = fold_events(n_events, search["folds"], fold, search["seed"],
                                  config["data"]["val_fraction"] or 0.2)
-            deadline = start + search["trial_timeout"] if search["trial_timeout"] > 0 else None
+            deadline = session + search["trial_timeout"] if search["trial_timeout"] > 0 else None
             # a fold directory exists only for a trial run again (interrupted): continue it
             trainer = Trainer(trial, ctx, output=output, progress=False, events=events,
-                              deadline=deadline, resume="auto")
+                              deadline=deadline, resume="auto", force=force)
+            trainer.announce_stop = False  # the sweep says it once, for every fold
             if on_epoch is not None:
                 from ..train.callbacks import Report
 

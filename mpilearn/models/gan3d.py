@@ -18,8 +18,8 @@ import math
 import torch
 from torch import nn
 
-from mpilearn.data.calo import measured_angle
-from mpilearn.train.gan import GANTask, build_networks
+from mpilearn.calo.format import measured_angle
+from mpilearn.calo.gan import GANTask, build_networks
 
 DEFAULTS = {
     "variant": "angle",        # angle | fixed
@@ -33,6 +33,10 @@ DEFAULTS = {
     "seed": 0,                 # noise and label-flip streams
     "dtype": "float32",        # float64 for exact equivalence tests
 }
+HPARAMS = {"variant": ["angle", "fixed"], "preset": ["full", "small"], "lr": "[0, inf)",
+           "label_flip": "[0, 1]", "dropout": "[0, 1)", "batch_norm": [True, False],
+           "angle_key": ["mtheta", "theta"], "seed": "int [0, inf)",
+           "dtype": ["float32", "float64"]}
 POWER = 0.85
 
 
@@ -102,7 +106,7 @@ class Generator(nn.Module):
         _glorot_normal(self.last)
 
     def forward(self, z):
-        x = self.dense(z).view(len(z), *self.seed_shape, self.channels)  # Keras reshape
+        x = self.dense(z).view(-1, *self.seed_shape, self.channels)  # Keras reshape; -1 keeps an exported batch dynamic
         x = x.permute(0, 4, 1, 2, 3)
         return torch.relu(self.last(self.body(x)))
 

@@ -13,16 +13,19 @@ import keras
 import numpy as np
 from keras import layers, ops
 
-from mpilearn.data.calo import EMPTY_ANGLE, MIN_LAYER_ENERGY, POWER  # shared by both twins
-from mpilearn.train.gan import build_networks
+from mpilearn.calo.format import EMPTY_ANGLE, MIN_LAYER_ENERGY, POWER  # shared by both twins
+from mpilearn.calo.gan import build_networks
 
 DEFAULTS = {"variant": "angle", "preset": "full", "dropout": 0.2, "batch_norm": True,
             "lr": 1e-3, "loss_weights": None, "label_flip": 0.05, "angle_key": "mtheta",
             "seed": 0}
+HPARAMS = {"variant": ["angle", "fixed"], "preset": ["full", "small"], "lr": "[0, inf)",
+           "label_flip": "[0, 1]", "dropout": "[0, 1)", "batch_norm": [True, False],
+           "angle_key": ["mtheta", "theta"], "seed": "int [0, inf)"}
 
 
 def measured_angle(images):
-    """§4c in keras.ops, as mpilearn.data.calo.measured_angle: (N, X, Y, Z) raw energies."""
+    """§4c in keras.ops, as mpilearn.calo.format.measured_angle: (N, X, Y, Z) raw energies."""
     _, nx, ny, nz = images.shape
     dt = images.dtype
     xs = ops.arange(nx, dtype=dt) + 0.5
@@ -200,7 +203,7 @@ class ReferenceRMSprop(keras.optimizers.RMSprop):
 def build(hparams):
     """The engine's entry point: a KerasGANTask (the reference RMSprop: lr 1e-3, rho 0.9,
     eps 1e-7 outside the square root)."""
-    from mpilearn.train.keras_tasks import KerasGANTask
+    from mpilearn.calo.keras_gan import KerasGANTask
 
     hp = {**DEFAULTS, **hparams}
     generator, discriminator = networks(hp)

@@ -6,6 +6,8 @@ it runs on the TensorFlow backend, or on torch with KERAS_BACKEND=torch.
 import keras
 
 DEFAULTS = {"features": 8, "hidden": 32, "layers": 2, "lr": 0.01}
+HPARAMS = {"features": "int [1, inf)", "hidden": "int [1, inf)", "layers": "int [0, inf)",
+           "lr": "[0, inf)"}
 
 
 def build(hparams):

@@ -10,6 +10,8 @@ from mpilearn.train import SupervisedTask
 
 DEFAULTS = {"features": 8, "hidden": 32, "layers": 2, "lr": 0.01, "optimizer": "adam",
             "momentum": 0.0}
+HPARAMS = {"features": "int [1, inf)", "hidden": "int [1, inf)", "layers": "int [0, inf)",
+           "lr": "[0, inf)", "optimizer": ["adam", "sgd"], "momentum": "[0, 1]"}
 
 
 def build(hparams):

@@ -20,6 +20,7 @@ config keys (YAML; --set uses dotted names):
   data.files                 HDF5 files or globs with the training events
   data.val_files             validation files (else data.val_fraction of the events)
   data.val_fraction          0.1    data.shuffle   true    data.prefetch  4
+  data.test_files            scored once after the last epoch (test.json)
   data.on_error              stop | skip (unreadable events: end the job, or drop them)
   train.epochs               1      train.batch_size (per rank)  32
   train.max_steps_per_epoch  0 (all; caps validation batches per rank too)
@@ -29,7 +30,9 @@ config keys (YAML; --set uses dotted names):
   train.fusion_mb            25     tensor-fusion bucket size
   train.seed                 0      train.deterministic  false
   train.lr_scaling           none | linear        train.warmup_epochs  0
-  train.early_stopping.{monitor,patience,min_delta}   val_loss, 0 (off), 0
+  train.early_stopping.{monitor,patience,min_delta,mode}   val_loss, 0 (off), 0, inferred
+  train.best.{monitor,mode}  auto (physics: sampling_fraction_mre, else val_loss) | none | a
+                             metric; mode min | max, inferred for the project's own metrics
   train.checkpoint_every_steps  0 (epoch ends only)  train.keep_checkpoints  3
   train.validate_every       0 (off)  physics score every N epochs (GAN tasks)
   train.physics_events       512    validation events used for the physics score
@@ -38,10 +41,12 @@ config keys (YAML; --set uses dotted names):
   output                     run directory (default runs/<model>-<time>)
 
 outputs in the run directory: config.yaml, metrics.jsonl (one line per epoch),
-checkpoints/ (latest pointer + ckpt-eEEEE-sSSSSSSS.pt).
-signals: SIGTERM or SIGUSR1 on any rank -> checkpoint after the current step, exit 75.
+checkpoints/ (latest pointer + ckpt-eEEEE-sSSSSSSS.pt, best.pt), models/ (and models/best/).
+signals: SIGTERM, SIGINT or SIGUSR1 on any rank -> checkpoint after the current step, exit 75
+(through Open MPI's mpirun: launch with mpilearn-run, or send mpirun SIGUSR1).
 exit status: 0 done, 1 crash (the failing rank's traceback), 2 bad input,
-3 training stopped by its guard (e.g. the generator emits only empty images),
+3 training stopped by its guard (e.g. the generator emits only empty images, a data read
+failed),
 75 stopped by a signal with its state saved: requeue and run again with --resume auto.
 """
 
@@ -73,9 +78,27 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+
+    def config(ctx):
+        from ..config import resolve
+
+        base = None
+        if args.demo:
+            from ..defaults import default_config, ensure_data
+
+            base = default_config()
+            ensure_data(ctx.comm)
+        return resolve(args.config, args.set, base)
+
+    return run(args, config)
+
+
+def run(args, make_config, after=None) -> int:
+    """The body of every command that trains one run (this one, ``mpilearn.refit``): stop
+    signals, MPI, the launcher check, ``make_config(ctx)``, the Trainer, then
+    ``after(ctx, last epoch record)``; the exit status."""
     from .. import comm as mcomm
     from .. import preempt
-    from ..config import resolve
 
     preempt.install()
     ctx = mcomm.init()
@@ -83,13 +106,7 @@ def main(argv=None) -> int:
         line = mcomm.check_launch(ctx)
         if ctx.rank == 0:
             print(line, flush=True)
-        base = None
-        if args.demo:
-            from ..defaults import default_config, ensure_data
-
-            base = default_config()
-            ensure_data(ctx.comm)
-        config = resolve(args.config, args.set, base)
+        config = make_config(ctx)
         if args.resume and not (args.output or config["output"]):
             raise UsageError("--resume needs the run directory: --output DIR")
         from .engine import Trainer
@@ -98,7 +115,9 @@ def main(argv=None) -> int:
         trainer = Trainer(config, ctx, output=args.output, resume=resume,
                           progress=not args.no_progress, overwrite=args.overwrite,
                           force=args.force)
-        trainer.fit()
+        last = trainer.fit()
+        if after is not None:
+            after(ctx, last)
     except Exception as err:  # mpilearn's own errors become statuses; others abort the job
         return exit_status(err, ctx.rank)
     return 0

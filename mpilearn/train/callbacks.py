@@ -2,31 +2,45 @@
 
 A callback declares the metric names it adds to the epoch record (:meth:`Callback.metric_names`,
 which the HPO checks read before a sweep starts), may add them (``on_epoch_end``) and may ask
-training to stop (it returns True). Every callback is called on every rank, in order: the
-physics validation adds its numbers first, then the record is written, then the stopping rules
-read it. A callback with state (early stopping) puts it in the checkpoint.
+training to stop (it returns True). Every callback is called on every rank, in order: those the
+task declares (``Task.callbacks(config)``, e.g. the 3DGAN's physics validation) add their
+numbers first, then the record is written, then the stopping rules read it. A callback with
+state (early stopping) puts it in the checkpoint.
 """
 from __future__ import annotations
 
 import math
-import os
 from typing import Callable, Optional
 
 from ..errors import UsageError
 from ..io import append_jsonl
-
-# the physics validation's three numbers, logged under their own names (their terms and the
-# per-bin values as physics_*)
-HEADLINE_PHYSICS = ("score", "reference_metric", "sampling_fraction_mre")
+from .best import improved
 
 
 class Callback:
     name = ""
+    headline: tuple = ()  # metric names the epoch log's line on stdout shows
+
+    @classmethod
+    def for_trainer(cls, trainer) -> "Callback":
+        """A task-declared callback, built from the driver (its task, validation data,
+        communicator, run directory, config and loggers)."""
+        raise NotImplementedError(f"{cls.__name__} is not built by the engine")
 
     @classmethod
     def metric_names(cls, task, config: dict) -> set:
         """The names this callback adds to every epoch record of ``task`` under ``config``."""
         return set()
+
+    @classmethod
+    def metric_modes(cls, task, config: dict) -> dict:
+        """Name -> min | max for the metrics it adds whose direction is known."""
+        return {}
+
+    @classmethod
+    def preferred_monitor(cls, task, config: dict) -> str:
+        """The metric ``train.best.monitor: auto`` follows when this callback applies."""
+        return ""
 
     def on_epoch_end(self, record: dict) -> bool:
         """Called on every rank; may add to ``record``; True asks training to stop."""
@@ -39,56 +53,15 @@ class Callback:
         pass
 
 
-class PhysicsValidation(Callback):
-    """Generated against held-out showers every ``train.validate_every`` epochs (GAN tasks):
-    the project's score, the reference metric and the sampling-fraction MRE, their terms, and
-    plots in ``RUN/validation/epochNNNN``."""
-
-    name = "physics"
-
-    def __init__(self, task, source, events, comm, output: str, config: dict, log=None):
-        self.task, self.source, self.events, self.comm = task, source, events, comm
-        self.output, self.log = output, log
-        self.every = config["train"]["validate_every"]
-        self.max_events = config["train"]["physics_events"]
-
-    @classmethod
-    def applies(cls, task, config) -> bool:
-        return bool(config["train"]["validate_every"]) and hasattr(task, "generate")
-
-    @classmethod
-    def metric_names(cls, task, config):
-        if not cls.applies(task, config):
-            return set()
-        terms = ["moments", "profiles"] + (["angle"] if getattr(task, "variant", "") == "angle" else [])
-        return ({*HEADLINE_PHYSICS, "physics_sampling_fraction_mre_error"}
-                | {f"physics_{p}{t}" for p in ("", "reference_") for t in terms})
-
-    def on_epoch_end(self, record):
-        epoch = record["epoch"]
-        if epoch % self.every:
-            return False
-        from ..physics import validate_task
-
-        folder = os.path.join(self.output, "validation", f"epoch{epoch:04d}")
-        title = f"run {os.path.basename(os.path.abspath(self.output))} epoch {epoch}"
-        result = validate_task(self.task, self.source, self.events, self.comm, folder,
-                               self.max_events, title=title)
-        if self.log is not None and result.get("plots"):
-            self.log.images(epoch, result["plots"])
-        record.update({k if k in HEADLINE_PHYSICS else f"physics_{k}": v
-                       for k, v in result.items() if not isinstance(v, (list, dict))})
-        return False
-
-
 class EpochLog(Callback):
     """Rank 0: the record to ``metrics.jsonl``, to TensorBoard/CSV (``train.log``), and one
     line to stdout."""
 
     name = "log"
 
-    def __init__(self, metrics_path: str, log=None, rank: int = 0):
+    def __init__(self, metrics_path: str, log=None, rank: int = 0, headline=()):
         self.metrics_path, self.log, self.rank = metrics_path, log, rank
+        self.headline = set(headline)
 
     def on_epoch_end(self, record):
         if self.rank != 0:
@@ -96,42 +69,73 @@ class EpochLog(Callback):
         append_jsonl(self.metrics_path, record)
         self.log.epoch(record)
         shown = {k: (round(v, 5) if isinstance(v, float) else v) for k, v in record.items()
-                 if k.startswith(("train_", "val_")) or k in HEADLINE_PHYSICS
+                 if k.startswith(("train_", "val_")) or k in self.headline
                  or k == "samples_per_s"}
         print(f"epoch {record['epoch']}: {shown}", flush=True)
         return False
 
 
 class EarlyStopping(Callback):
-    """Stops when ``monitor`` has not improved by ``min_delta`` for ``patience`` epochs."""
+    """Stops when ``monitor`` has not improved by ``min_delta`` (in its ``mode``'s direction)
+    for ``patience`` epochs; an epoch that does not log it counts neither way."""
 
     name = "early_stopping"
 
-    def __init__(self, monitor: str, patience: int, min_delta: float, rank: int = 0):
+    def __init__(self, monitor: str, patience: int, min_delta: float, rank: int = 0,
+                 mode: str = "min"):
         self.monitor, self.patience, self.min_delta, self.rank = monitor, patience, min_delta, rank
-        self.best, self.bad_epochs = math.inf, 0
+        self.mode, self.best, self.bad_epochs = mode, None, 0
 
     def on_epoch_end(self, record):
         value = record.get(self.monitor)
         if value is None:
-            raise UsageError(f"train.early_stopping.monitor '{self.monitor}' is not a logged "
-                             f"metric (have: {', '.join(sorted(record))})")
-        if value < self.best - self.min_delta:
+            return False
+        if improved(value, self.best, self.mode, self.min_delta):
             self.best, self.bad_epochs = value, 0
         else:
             self.bad_epochs += 1
         if self.bad_epochs < self.patience:
             return False
         if self.rank == 0:
-            print(f"mpilearn: early stopping: {self.monitor} has not improved for "
+            print(f"mpilearn: early stopping: {self.monitor} ({self.mode}) has not improved for "
                   f"{self.bad_epochs} epoch(s)", flush=True)
         return True
 
     def state_dict(self):
-        return {"best": self.best, "bad_epochs": self.bad_epochs}
+        return {"best": self.best, "bad_epochs": self.bad_epochs, "mode": self.mode}
 
     def load_state_dict(self, state):
-        self.best, self.bad_epochs = state["best"], state["bad_epochs"]
+        best = state["best"]
+        # checkpoints from before modes held +inf for 'nothing yet'
+        self.best = None if best is None or math.isinf(best) else best
+        self.bad_epochs = state["bad_epochs"]
+
+
+class BestCheckpoint(Callback):
+    """Tracks the best value of ``monitor`` (``train.best``); after an epoch that improved it
+    the engine keeps that epoch's checkpoint (``best.keep``). The best value is checkpointed."""
+
+    name = "best"
+
+    def __init__(self, monitor: str, mode: str):
+        self.monitor, self.mode = monitor, mode
+        self.best, self.epoch, self.improved = None, None, False
+
+    def on_epoch_end(self, record):
+        value = record.get(self.monitor)
+        self.improved = improved(value, self.best, self.mode)
+        if self.improved:
+            self.best, self.epoch = float(value), record["epoch"]
+        return False
+
+    def state_dict(self):
+        return {"monitor": self.monitor, "mode": self.mode, "best": self.best,
+                "epoch": self.epoch}
+
+    def load_state_dict(self, state):
+        # a resumed run with another monitor or mode starts its own tracking
+        if (state.get("monitor"), state.get("mode")) == (self.monitor, self.mode):
+            self.best, self.epoch = state["best"], state["epoch"]
 
 
 class Report(Callback):
@@ -147,8 +151,14 @@ class Report(Callback):
         return bool(self.report(record))
 
 
-# the callbacks every run has (in order), for the names they log
-DEFAULT_CALLBACKS = (PhysicsValidation, EpochLog, EarlyStopping)
+# the callbacks every run has (after the task's), for the names they log
+DEFAULT_CALLBACKS = (EpochLog, EarlyStopping)
+
+
+def task_callbacks(task, config: dict) -> tuple:
+    """The callback classes ``task`` declares for ``config`` (none for a task without the hook)."""
+    declare = getattr(task, "callbacks", None)
+    return tuple(declare(config)) if declare is not None else ()
 
 
 def base_metric_names(task) -> set:
@@ -162,6 +172,6 @@ def logged_metrics(task, config: dict, extra: Optional[tuple] = ()) -> set:
     """Names every epoch record of ``task`` will carry (checked before an HPO sweep starts):
     the engine's and those each callback declares."""
     names = base_metric_names(task)
-    for callback in (*DEFAULT_CALLBACKS, *extra):
+    for callback in (*task_callbacks(task, config), *DEFAULT_CALLBACKS, *extra):
         names |= callback.metric_names(task, config)
     return names

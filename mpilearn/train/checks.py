@@ -35,15 +35,18 @@ def check_output(path: str) -> None:
 
 
 # what a run directory holds; --overwrite removes exactly these
-RUN_OUTPUTS = ("config.yaml", "metrics.jsonl", "checkpoints", "validation", "models")
+RUN_OUTPUTS = ("config.yaml", "metrics.jsonl", "checkpoints", "validation", "models", "test.json")
 # keys that a resumed run may change: how long, how often, where; not what is trained
 SAFE_ON_RESUME = {"output", "train.epochs", "train.max_steps_per_epoch", "train.validate_every",
                   "train.physics_events", "train.checkpoint_every_steps",
                   "train.keep_checkpoints", "train.early_stopping.patience",
+                  "train.best.monitor", "train.best.mode", "data.test_files",
+                  "train.compile", "train.channels_last",  # how it runs, not what it trains
                   "train.early_stopping.min_delta", "data.prefetch", "data.on_error",
                   "device.allow_shared_gpus", "train.log", "train.log_every_steps",
                   # an HPO fold's config carries the sweep's: these do not change its training
-                  "search.budget", "search.trial_timeout", "search.enqueue", "search.warm_start"}
+                  "search.budget", "search.trial_timeout", "search.enqueue", "search.warm_start",
+                  "search.blocks"}
 
 
 class _Unset:
@@ -58,10 +61,6 @@ def check_run_dir(path: str, config: dict, resume, overwrite: bool, force: bool)
     """Rank 0, before any work: a run directory that already holds a run is continued only
     with ``--resume`` (its config's changes limited to safe keys unless ``force``) and replaced
     only with ``--overwrite``. Returns the notes to print (changes accepted)."""
-    import yaml
-
-    from ..config import flatten
-
     present = [n for n in RUN_OUTPUTS if os.path.exists(os.path.join(path, n))]
     if not present:
         return []
@@ -72,7 +71,18 @@ def check_run_dir(path: str, config: dict, resume, overwrite: bool, force: bool)
     if not resume:
         raise UsageError(f"--output {path} already holds a run ({', '.join(present)}): continue "
                          "it with --resume (or --resume auto), or replace it with --overwrite")
-    saved = os.path.join(path, "config.yaml")
+    return compare_saved(os.path.join(path, "config.yaml"), config, SAFE_ON_RESUME, force,
+                         "what is trained")
+
+
+def compare_saved(saved: str, config: dict, safe: set, force: bool, what: str) -> list:
+    """``--resume``: the config against the saved one. A change to a key outside ``safe`` is
+    bad input unless ``force`` (the message names every changed key); returns the note that
+    lists the changes accepted. Writes nothing."""
+    import yaml
+
+    from ..config import flatten
+
     if not os.path.exists(saved):
         return []
     try:
@@ -84,9 +94,9 @@ def check_run_dir(path: str, config: dict, resume, overwrite: bool, force: bool)
     new = flatten(config)
     changed = sorted(k for k in set(old) | set(new) if old.get(k, UNSET) != new.get(k, UNSET))
     described = [f"{k}: {old.get(k, UNSET)!r} -> {new.get(k, UNSET)!r}" for k in changed]
-    unsafe = [d for k, d in zip(changed, described) if k not in SAFE_ON_RESUME]
+    unsafe = [d for k, d in zip(changed, described) if k not in safe]
     if unsafe and not force:
-        raise UsageError(f"--resume with a config that differs from {saved} in what is trained: "
+        raise UsageError(f"--resume with a config that differs from {saved} in {what}: "
                          f"{'; '.join(unsafe)}. Resume with the saved config, or add --force "
                          "to continue with the new one")
     return [f"mpilearn: resuming with a changed config: {'; '.join(described)}"] if changed else []
@@ -106,8 +116,9 @@ def clear_run_dir(path: str) -> None:
 
 def check_hparams(model: str, hparams: dict) -> None:
     """Rank 0: a model that declares ``DEFAULTS`` takes no other hyperparameter (a typo would
-    train with the default, silently)."""
-    from ..builders import default_hparams
+    train with the default, silently), and the values it declares in ``HPARAMS`` are in range
+    (``preset: smal`` would train the full model)."""
+    from ..builders import check_values, default_hparams
 
     declared = default_hparams(model)
     for name in hparams if declared else ():
@@ -115,6 +126,7 @@ def check_hparams(model: str, hparams: dict) -> None:
             raise UsageError(f"hparams.{name}: the model {model} has no hyperparameter "
                              f"'{name}'{did_you_mean(name, declared)}; its DEFAULTS are: "
                              f"{', '.join(sorted(declared))}")
+    check_values(model, hparams, declared)
 
 
 def build_task(builder, spec: str, hparams: dict, comm):
@@ -143,20 +155,35 @@ def build_task(builder, spec: str, hparams: dict, comm):
     return task
 
 
-def check_monitor(config: dict, task, has_validation: bool) -> None:
-    """The early-stopping metric is one the run will log (checked before the first epoch)."""
-    from .callbacks import logged_metrics
+def check_monitor(config: dict, task, has_validation: bool) -> dict:
+    """The monitored metrics (early stopping, best checkpoint) are ones the run logs, each with
+    a direction (checked before the first epoch). Returns {"early_stopping": (metric, mode) or
+    None, "best": (metric, mode) or None}; ``best.monitor: auto`` becomes the metric a callback
+    prefers (physics: the sampling-fraction error), else val_loss, else none."""
+    from .best import known_modes, resolve
+    from .callbacks import DEFAULT_CALLBACKS, logged_metrics, task_callbacks
 
-    es = config["train"]["early_stopping"]
-    if es["patience"] <= 0:
-        return
     names = logged_metrics(task, config)
     if not has_validation:
         names = {n for n in names if not n.startswith("val_")}
-    if es["monitor"] not in names:
-        raise UsageError(f"train.early_stopping.monitor '{es['monitor']}' is not a metric this "
-                         f"run logs{did_you_mean(es['monitor'], names)}; it logs: "
-                         f"{', '.join(sorted(names))}")
+    known = {n: m for n, m in known_modes(task, config).items() if n in names}
+    es, best = config["train"]["early_stopping"], config["train"]["best"]
+    monitor = best["monitor"]
+    if monitor == "auto":
+        preferred = [m for cb in (*task_callbacks(task, config), *DEFAULT_CALLBACKS)
+                     if (m := cb.preferred_monitor(task, config))]
+        monitor = preferred[0] if preferred else ("val_loss" if "val_loss" in names else "none")
+    wanted = [("early_stopping", es["monitor"], es["mode"], es["patience"] > 0),
+              ("best", monitor, best["mode"], monitor not in ("", "none"))]
+    out = {"early_stopping": None, "best": None}
+    for section, name, mode, on in wanted:
+        if not on:
+            continue
+        if name not in names:
+            raise UsageError(f"train.{section}.monitor '{name}' is not a metric this run logs"
+                             f"{did_you_mean(name, names)}; it logs: {', '.join(sorted(names))}")
+        out[section] = (name, resolve(section, name, mode, known))
+    return out
 
 
 def dry_run(task, files, events) -> None:
@@ -218,6 +245,9 @@ def check_framework(task, train: dict) -> None:
     torch.distributed or Horovod transport, or a bucket size, would silently not apply."""
     if getattr(task, "framework", "") != "keras":
         return
+    if train["compile"] != "off":
+        raise UsageError(f"train.compile={train['compile']} is for PyTorch models; a Keras "
+                         "model compiles through its own compile(jit_compile=...)")
     if train["backend"] != "mpi":
         raise UsageError(f"train.backend={train['backend']} is for PyTorch models; a Keras "
                          "model's gradients travel through mpi4py (train.backend=mpi)")
@@ -241,17 +271,23 @@ def expand_files(patterns) -> list:
 
 
 def open_files(config: dict, task) -> tuple:
-    """Rank 0 only: check and count the data files; returns (train_files, val_files)."""
+    """Rank 0 only: check and count the data files; returns (train, val, test) files."""
     data = config["data"]
     train = EventFiles(expand_files(data["files"]), task.keys, task.optional_keys)
-    val = None
+    val = test = None
     if data["val_files"]:
         val = EventFiles(expand_files(data["val_files"]), task.keys, task.optional_keys)
+    if data["test_files"]:
+        test = EventFiles(expand_files(data["test_files"]), task.keys, task.optional_keys)
+        overlap = set(map(os.path.abspath, test.paths)) & set(map(os.path.abspath, train.paths))
+        if overlap:
+            raise UsageError(f"data.test_files also in data.files: {', '.join(sorted(overlap))}; "
+                             "test events must never be trained on")
     check = getattr(task, "check_files", None)
-    for files in (train, val):
+    for files in (train, val, test):
         if check and files is not None:
             check(files)
-    return train, val
+    return train, val, test
 
 
 def check_devices(ctx, config) -> str:

@@ -27,12 +27,12 @@ from ..data.hdf5 import EventFiles, ShardedLoader, split_events
 from ..errors import TrainingStopped, UsageError
 from ..io import append_jsonl, read_jsonl
 from . import checkpoint as ckpt
-from . import loggers
-from .callbacks import EarlyStopping, EpochLog, PhysicsValidation
+from . import best, loggers, stops
+from .callbacks import BestCheckpoint, EarlyStopping, EpochLog, task_callbacks
 from .checks import (build_task, check_devices, check_framework, check_hparams, check_monitor,
                      check_output, check_precision, check_run_dir, clear_run_dir, default_output,
                      dry_run, open_files, remove_stale_temp)
-from .evaluation import evaluate
+from .evaluation import evaluate, test_pass
 from .strategies import EpochContext, make_strategy
 
 
@@ -52,6 +52,7 @@ class Trainer:
         config changed in what is trained. ``callbacks`` may be extended before ``fit()``."""
         self.config, self.ctx, self.resume = config, ctx, resume
         self.deadline, self.history = deadline, []
+        self.announce_stop = True  # an HPO fold leaves the stop line to the sweep
         self.progress = progress and ctx.rank == 0
         comm = ctx.comm
         train = config["train"]
@@ -90,15 +91,16 @@ class Trainer:
         check_on_root(comm, check_precision, self.task, train["precision"])
         check_on_root(comm, check_framework, self.task, train)
         self.task.precision = train["precision"]
+        self.task.compile_mode, self.task.channels_last = train["compile"], train["channels_last"]
 
         # 2. the data files, counted once by rank 0
         files = check_on_root(comm, open_files, config, self.task)
         meta = comm.bcast(None if files is None else
                           [(f.paths, f.counts, sorted(f.optional_present)) if f else None
                            for f in files], root=0)
-        self.train_files, self.val_files = (
+        self.train_files, self.val_files, self.test_files = (
             EventFiles.from_counts(*m, keys=self.task.keys) if m else None for m in meta)
-        for files in (self.train_files, self.val_files):
+        for files in (self.train_files, self.val_files, self.test_files):
             if files is not None:
                 files.on_error = config["data"]["on_error"]
         n = len(self.train_files)
@@ -118,7 +120,8 @@ class Trainer:
                                         "the others train)")
         check_on_root(comm, self._make_loader)  # too few events for one global batch?
         self.loader = self._make_loader()
-        check_on_root(comm, check_monitor, config, self.task, len(self.val_events) > 0)
+        self.monitors = comm.bcast(check_on_root(comm, check_monitor, config, self.task,
+                                                 len(self.val_events) > 0), root=0)
 
         # 3. output directory (rank 0 writes; stale temp files of killed writes go)
         self.ckpt_dir = os.path.join(self.output, "checkpoints")
@@ -129,7 +132,6 @@ class Trainer:
             os.makedirs(self.ckpt_dir, exist_ok=True)
             for path in remove_stale_temp([self.output, self.ckpt_dir]):
                 print(f"mpilearn: removed {path}, left by an interrupted write", flush=True)
-            dump(config, os.path.join(self.output, "config.yaml"))
         self.log = loggers.Loggers(train["log"], self.output) if ctx.rank == 0 else None
 
         # 4. devices, then the strategy: weights broadcast, optimizers wrapped
@@ -140,7 +142,7 @@ class Trainer:
             counts = collections.Counter(devices)
             where = ", ".join(f"{d} x{c}" if c > 1 else d for d, c in sorted(counts.items()))
             print(f"mpilearn: {ctx.size} rank(s) on {where}; backend {train['backend']}, "
-                  f"precision {train['precision']}", flush=True)
+                  f"precision {train['precision']}, compile {train['compile']}", flush=True)
         self.strategy.setup(self.task, device)
         self.base_lrs = self.task.learning_rates()
         check_on_root(comm, dry_run, self.task, self.train_files, self.train_events)
@@ -153,6 +155,10 @@ class Trainer:
         self.lr = None
         if resume:
             self._restore()
+        # the run's identity, written once every check passed (a refused --resume --force
+        # leaves the saved config as it was)
+        if ctx.rank == 0:
+            dump(config, os.path.join(self.output, "config.yaml"))
 
     def _make_loader(self):
         t = self.config["train"]
@@ -162,17 +168,18 @@ class Trainer:
                              prefetch=self.config["data"]["prefetch"], transform=self.task.transform)
 
     def _default_callbacks(self) -> list:
-        """Physics validation (GAN tasks), the epoch log, early stopping: in this order."""
+        """The task's own (e.g. physics validation), the epoch log, the best checkpoint's
+        tracker, early stopping: in this order."""
         t, rank = self.config["train"], self.ctx.rank
-        out = []
-        if PhysicsValidation.applies(self.task, self.config):
-            events = self.val_events if len(self.val_events) else self.train_events
-            out.append(PhysicsValidation(self.task, self.val_source, events, self.ctx.comm,
-                                         self.output, self.config, self.log))
-        out.append(EpochLog(self.metrics_path, self.log, rank))
+        out = [cls.for_trainer(self) for cls in task_callbacks(self.task, self.config)]
+        headline = {name for cb in out for name in cb.headline}
+        out.append(EpochLog(self.metrics_path, self.log, rank, headline))
+        if self.monitors["best"]:
+            out.append(BestCheckpoint(*self.monitors["best"]))
         es = t["early_stopping"]
-        if es["patience"] > 0:
-            out.append(EarlyStopping(es["monitor"], es["patience"], es["min_delta"], rank))
+        if self.monitors["early_stopping"]:
+            monitor, mode = self.monitors["early_stopping"]
+            out.append(EarlyStopping(monitor, es["patience"], es["min_delta"], rank, mode))
         return out
 
     @property
@@ -199,18 +206,19 @@ class Trainer:
         return {"losses": {}, "steps": 0, "compute": 0.0, "allreduce": 0.0, "data": 0.0,
                 "samples": 0, "seconds": 0.0}
 
-    def _save(self) -> None:
+    def _save(self) -> Optional[str]:
+        """Collective; rank 0 writes the checkpoint and returns its path."""
         rngs = self.ctx.comm.gather(ckpt.rng_state(), root=0)
         strategy = self.strategy.state_dict()  # collective: other ranks' own state
         if self.ctx.rank != 0:
-            return
+            return None
         state = {"task": self.task.state_dict(), "epoch": self.epoch,
                  "step_in_epoch": self.step_in_epoch, "global_step": self.global_step,
                  "rng": rngs, "acc": self.acc, "world_size": self.ctx.size,
                  "strategy": strategy,
                  "callbacks": {cb.name: cb.state_dict() for cb in self.callbacks}}
-        ckpt.save(self.ckpt_dir, ckpt.name_for(self.epoch, self.step_in_epoch), state,
-                  self.config["train"]["keep_checkpoints"])
+        return ckpt.save(self.ckpt_dir, ckpt.name_for(self.epoch, self.step_in_epoch), state,
+                         self.config["train"]["keep_checkpoints"])
 
     def _restore(self) -> None:
         found = ckpt.load_newest(self.ckpt_dir) if self.ctx.rank == 0 else None
@@ -268,10 +276,10 @@ class Trainer:
         try:
             return self._fit()
         except preempt.Preempted as stop:
-            self._save()
-            if self.ctx.rank == 0:
-                print(f"mpilearn: {stop}: checkpoint saved at epoch {self.epoch + 1}, step "
-                      f"{self.step_in_epoch}; continue with --resume auto", flush=True)
+            path = self._save()
+            if self.ctx.rank == 0 and self.announce_stop:  # the one line a stop signal gets
+                print(f"mpilearn: {stop}; checkpoint {path}; continue with --resume auto",
+                      flush=True)
             raise
         except TrainingStopped as stop:
             if self.ctx.rank == 0:
@@ -300,7 +308,10 @@ class Trainer:
             self.epoch += 1
             self.step_in_epoch = 0
             self.acc = self._empty_acc()
-            self._save()
+            best.keep_if_improved(self.task, self.output, self._save(), self.callbacks)
+        if self.test_files is not None:
+            last["test"] = test_pass(self.task, self.test_files, self.config["train"]["batch_size"],
+                                     self.ctx.comm, self.output, self.epoch)
         if self.ctx.rank == 0:
             # torch models as .pt and .safetensors, Keras ones as .keras
             self.task.export(os.path.join(self.output, "models"))
@@ -318,7 +329,7 @@ class Trainer:
         self._set_lr()  # also when a resumed epoch has no steps left
         ec = EpochContext(epoch=self.epoch, steps=self.steps_per_epoch, loader=self.loader,
                           acc=self.acc, batch_size=t["batch_size"], set_lr=self._set_lr,
-                          after_step=self._after_step,
+                          after_step=self._after_step, check_read=self._check_read,
                           stop_requested=lambda: (preempt.requested() is not None
                                                   or self._past_deadline()),
                           step_in_epoch=self.step_in_epoch, global_step=self.global_step)
@@ -340,9 +351,9 @@ class Trainer:
                 self.global_step += ec.finished_steps - self.step_in_epoch
                 self.step_in_epoch = ec.finished_steps
 
-    def _after_step(self, losses: dict) -> None:
-        """After every synchronous step: counters, step logs, the stop check, and the
-        periodic checkpoint."""
+    def _after_step(self, losses: dict, upcoming=None) -> None:
+        """After every synchronous step: counters, step logs, the stop check (which also
+        covers the read of the ``upcoming`` batch), and the periodic checkpoint."""
         t = self.config["train"]
         for k, v in losses.items():
             self.acc["losses"][k] = self.acc["losses"].get(k, 0.0) + v
@@ -356,7 +367,7 @@ class Trainer:
         if self.bar is not None:
             self.bar.update(1)
             self.bar.set_postfix({k: f"{v:.4g}" for k, v in losses.items()}, refresh=False)
-        self._check_stop()
+        self._check_stop(upcoming)
         every = t["checkpoint_every_steps"]
         if every and self.global_step % every == 0 and self.step_in_epoch < self.steps_per_epoch:
             self._account(self._epoch_start)
@@ -366,18 +377,18 @@ class Trainer:
     def _past_deadline(self) -> bool:
         return self.deadline is not None and time.time() > self.deadline
 
-    def _check_stop(self) -> None:
-        """Collective, after every step: a stop signal on any rank, or the deadline
-        (one 4-byte allreduce, no pickling: it is on every step)."""
-        MPI = mcomm.mpi()
-        flags = np.array([int(preempt.requested() is not None) | int(self._past_deadline()) << 1],
-                         dtype=np.int32)
-        self.ctx.comm.Allreduce(MPI.IN_PLACE, flags, op=MPI.BOR)
-        if flags[0] & 1:
+    def _check_read(self, first) -> None:
+        """Collective, before an epoch's first step: did its read fail on any rank?"""
+        self._check_stop(first, signals=False)
+
+    def _check_stop(self, upcoming=None, signals: bool = True) -> None:
+        """Collective, after every step (``stops.agree``): a signal, a failed read of the
+        ``upcoming`` batch, or the deadline, on any rank, stops every rank here."""
+        stop = stops.agree(self.ctx.comm, upcoming, self._past_deadline(), signals)
+        if isinstance(stop, preempt.Preempted):
             self._account(self._epoch_start)
-            raise preempt.Preempted(f"stop signal ({preempt.describe()})")
-        if flags[0] & 2:
-            raise TrainingStopped("the trial ran past its time limit")
+        if stop is not None:
+            raise stop
 
     def _account(self, start: float) -> None:
         wall = time.perf_counter() - start

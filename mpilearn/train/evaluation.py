@@ -2,10 +2,13 @@
 from __future__ import annotations
 
 import itertools
+import json
+import os
 
 import numpy as np
 
-from ..data.hdf5 import eval_batches
+from ..data.hdf5 import DataError, eval_batches, one_message
+from ..errors import TrainingStopped
 
 
 def evaluate(task, source, events, batch_size: int, comm, cap: int = 0) -> dict:
@@ -17,12 +20,39 @@ def evaluate(task, source, events, batch_size: int, comm, cap: int = 0) -> dict:
     sums, count = {}, 0
     batches = eval_batches(source, events, batch_size, comm.Get_rank(), comm.Get_size(),
                            task.transform)
-    for batch in itertools.islice(batches, cap if cap > 0 else None):
-        for k, v in task.eval_batch(batch).items():
-            sums[k] = sums.get(k, 0.0) + v
-        count += len(next(iter(batch.values())))
-    names = sorted(set().union(*comm.allgather(set(sums))))
+    failed = None
+    try:
+        for batch in itertools.islice(batches, cap if cap > 0 else None):
+            for k, v in task.eval_batch(batch).items():
+                sums[k] = sums.get(k, 0.0) + v
+            count += len(next(iter(batch.values())))
+    except DataError as err:  # every rank hears of it below: one message for the job
+        failed = err.where or str(err)
+    seen = comm.allgather((set(sums), failed))
+    failures = [(r, f) for r, (_, f) in enumerate(seen) if f]
+    if failures:
+        raise TrainingStopped(f"validation: {one_message(failures)}; replace the file, or set "
+                              "data.on_error=skip, and continue with --resume")
+    names = sorted(set().union(*(names for names, _ in seen)))
     vec = np.array([sums.get(k, 0.0) for k in names] + [count], dtype=np.float64)
     total = comm.allreduce(vec)
     return {**{f"val_{k}": float(total[i] / max(total[-1], 1)) for i, k in enumerate(names)},
             "val_events": int(total[-1])}
+
+
+def test_pass(task, files, batch_size: int, comm, output: str, epoch: int) -> dict:
+    """Collective, once after the last epoch: ``data.test_files`` through the validation pass
+    (every event), appended to ``metrics.jsonl`` as ``{"test": ...}`` and written to
+    ``test.json`` by rank 0."""
+    from ..io import append_jsonl, atomic_write_text
+
+    scores = evaluate(task, files, np.arange(len(files)), batch_size, comm)
+    result = {"epoch": epoch, "files": list(files.paths),
+              **{"test_" + k[len("val_"):]: v for k, v in scores.items()}}
+    if comm.Get_rank() == 0:
+        append_jsonl(os.path.join(output, "metrics.jsonl"), {"test": result})
+        atomic_write_text(os.path.join(output, "test.json"), json.dumps(result, indent=1))
+        print(f"mpilearn: test after epoch {epoch}: "
+              + ", ".join(f"{k} {v:.5g}" for k, v in result.items()
+                          if k.startswith("test_") and isinstance(v, float)), flush=True)
+    return result

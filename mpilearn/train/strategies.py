@@ -35,12 +35,14 @@ class EpochContext:
     acc: dict                           # the epoch's running sums (losses, steps, samples)
     batch_size: int
     set_lr: Callable[[], float]         # before each step (warm-up follows the global step)
-    after_step: Callable[[dict], None]  # after each local step: counters, logs, stop check
+    after_step: Callable[..., None]     # after each local step (losses, the next batch or
+                                        # its read's DataError): counters, logs, stop check
     stop_requested: Callable[[], bool]  # a stop signal or the deadline (polled by a master)
     step_in_epoch: int = 0              # where the epoch starts (a resumed one mid-way)
     global_step: int = 0                # steps before this epoch's start position
     finished_steps: Optional[int] = None  # set by a strategy that advances in bulk (async)
     restart: bool = False               # the epoch must run again (async, on a stop signal)
+    check_read: Optional[Callable[[object], None]] = None  # collective: the first read failed?
 
 
 class Strategy:
@@ -77,21 +79,37 @@ class Strategy:
         pass
 
     def _steps(self, ec: EpochContext, after_step=None) -> None:
-        """The synchronous epoch: this rank's batches from ``ec.step_in_epoch`` on."""
+        """The synchronous epoch: this rank's batches from ``ec.step_in_epoch`` on. The next
+        batch is taken before the step's collective stop check, so a read that fails on any
+        rank stops every rank there, together (one message, not a traceback per rank)."""
         batches = ec.loader.batches(ec.epoch, ec.step_in_epoch)
         step = ec.step_in_epoch
         try:
-            for batch in batches:
-                if step >= ec.steps:
-                    break
+            batch = _next(batches) if step < ec.steps else None
+            if ec.check_read is not None:
+                ec.check_read(batch)
+            while batch is not None:
                 ec.set_lr()
                 losses = self.task.train_step(batch)
                 step += 1
+                batch = _next(batches) if step < ec.steps else None
                 if after_step is not None:
                     after_step()
-                ec.after_step(losses)
+                ec.after_step(losses, batch)
         finally:
             batches.close()
+
+
+def _next(batches):
+    """The next batch, None at the end, or the DataError that reading it raised."""
+    from ..data.hdf5 import DataError
+
+    try:
+        return next(batches)
+    except StopIteration:
+        return None
+    except DataError as err:
+        return err
 
 
 class Allreduce(Strategy):
@@ -199,8 +217,8 @@ class Asynchronous(Strategy):
         self.end_epoch()
         if reason == "preempted":  # the interrupted epoch runs again from the centre
             ec.restart = True
-            where = preempt.describe() if preempt.requested() else "on another rank"
-            raise preempt.Preempted(f"stop signal ({where})")
+            where = preempt.describe() if preempt.requested() else "a signal on another rank"
+            raise preempt.Preempted(f"stopped by {where}")
         ec.finished_steps = ec.steps
         if reason == "deadline":
             raise TrainingStopped("the trial ran past its time limit")

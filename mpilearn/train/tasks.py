@@ -16,6 +16,8 @@ from .. import torch as mtorch
 
 
 from ..errors import TrainingStopped  # noqa: F401  (raised by the tasks' guards)
+from .guard import guarded_step
+from .speed import compile_model, to_channels_last, wants_channels_last
 
 
 class Task:
@@ -32,6 +34,8 @@ class Task:
     folds_average = False
     sums_gradients = False
     supports_autocast = True  # False where the framework has its own policy (Keras)
+    compile_mode = "off"      # train.compile (the engine sets both; speed.py)
+    channels_last = "auto"    # train.channels_last: auto (CUDA only) | true | false
 
     def models(self) -> Dict[str, torch.nn.Module]:
         raise NotImplementedError
@@ -50,6 +54,11 @@ class Task:
         """Sums over the batch's events (the engine divides by the global event count)."""
         raise NotImplementedError
 
+    def callbacks(self, config: dict) -> tuple:
+        """Callback classes (``train/callbacks.py``) this task needs under ``config``, run
+        before the epoch log; the engine builds each with ``for_trainer``."""
+        return ()
+
     # -- shared machinery --------------------------------------------------------------
     def setup(self, comm, device: str, backend: str, fusion_bytes: int,
               distributed: bool = True) -> None:
@@ -58,6 +67,10 @@ class Task:
         self.device = device
         for model in self.models().values():
             model.to(device)
+            if wants_channels_last(self.channels_last, device):
+                to_channels_last(model)
+            if self.compile_mode != "off":
+                compile_model(model, self.compile_mode)
         self.sums_gradients = distributed and self.folds_average
         if not distributed:
             return
@@ -118,23 +131,6 @@ class Task:
                                lambda f: f.write(save(state)))
 
 
-def guarded_step(optimizer, context: str = "") -> None:
-    """``optimizer.step()`` only on finite gradients. A DistributedOptimizer's gradients are
-    checked after averaging (the same on every rank, so every rank stops together) and before
-    the step, so the weights, and the checkpoint written at the stop, stay those of the last
-    good step. An asynchronous worker checks its own gradients, also before its step."""
-    if hasattr(optimizer, "skip_synchronize"):
-        optimizer.synchronize()
-        if not optimizer.gradients_finite():
-            raise TrainingStopped(f"non-finite gradients, step skipped ({context})")
-        with optimizer.skip_synchronize():
-            optimizer.step()
-        return
-    if hasattr(optimizer, "gradients_finite") and not optimizer.gradients_finite():
-        raise TrainingStopped(f"non-finite gradients, step skipped ({context})")
-    optimizer.step()
-
-
 class SupervisedTask(Task):
     """A model, a loss and an optimizer: ``loss(model(*inputs), target)`` is minimised.
 
@@ -185,9 +181,9 @@ class SupervisedTask(Task):
         # every event of this rank's batch skipped (data.on_error=skip): zeros, in step
         loss = self.loss(pred, y) if len(y) else pred.sum() * 0.0
         loss.backward()
-        value = float(loss.detach())
-        guarded_step(self.optimizer, f"local loss {value}")
-        return {"loss": value}
+        # one host read: the finite check and the loss, before the step
+        (value,) = guarded_step(self.optimizer, "local loss", loss)
+        return {"loss": float(value)}
 
     @torch.no_grad()
     def eval_batch(self, batch):

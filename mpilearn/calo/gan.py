@@ -22,8 +22,10 @@ from typing import Dict, Optional, Sequence
 import numpy as np
 import torch
 
-from ..data.calo import GEOMETRY, SAMPLED_ENERGY, Preprocess, ecal_fit
-from .tasks import Task, TrainingStopped, guarded_step
+from .draws import box_muller, to_unit, uniform_words
+from .format import GEOMETRY, SAMPLED_ENERGY, Preprocess, ecal_fit
+from ..train.guard import Snapshot, flagged_step, read_host
+from ..train.tasks import Task, TrainingStopped
 
 DEFAULT_WEIGHTS = {"angle": [3.0, 0.1, 25.0, 0.1], "fixed": [2.0, 0.1, 0.1]}
 TERMS = {"angle": ["bce", "aux", "angle", "ecal"], "fixed": ["bce", "aux", "ecal"]}
@@ -54,7 +56,7 @@ def _mape(label, pred):
 
 class GANProtocol:
     """The framework-neutral half of the 3DGAN protocol, shared by the PyTorch
-    (:class:`GANTask`) and Keras (``keras_tasks.KerasGANTask``) tasks: loss weights and names,
+    (:class:`GANTask`) and Keras (``calo.keras_gan.KerasGANTask``) tasks: loss weights and names,
     data keys and preprocessing, the per-event draws, the fake batches' conditions, the
     global-batch scale, the reported means and the guards. Each framework writes only its four
     updates, evaluation and generation."""
@@ -97,6 +99,12 @@ class GANProtocol:
     def transform(self, batch):
         return self.preprocess(batch)
 
+    def callbacks(self, config: dict) -> tuple:
+        """Physics validation every ``train.validate_every`` epochs (0: none)."""
+        from .callbacks import PhysicsValidation
+
+        return (PhysicsValidation,) if config["train"]["validate_every"] else ()
+
     def check_files(self, files) -> None:
         """Rank 0, before training: shapes, energy key and finite cells in each file."""
         import h5py
@@ -104,8 +112,10 @@ class GANProtocol:
         from ..errors import UsageError
 
         shape = GEOMETRY[self.variant]["shape"]
+        from ..data.stage import local
+
         for path in files.paths:
-            with h5py.File(path, "r") as f:
+            with h5py.File(local(path), "r") as f:
                 ecal = f["ECAL"]
                 if ecal.shape[1:] != shape:
                     raise UsageError(f"{path}: dataset 'ECAL' has events of shape {ecal.shape[1:]}, "
@@ -117,30 +127,43 @@ class GANProtocol:
                 if not np.isfinite(head).all():
                     raise UsageError(f"{path}: dataset 'ECAL' has NaN or infinite cells")
 
-    def _gan_state(self) -> dict:
-        return {"gan": {"steps": self.steps, "empty_batches": self.empty_batches}}
+    # first in both tasks' MRO: super() is the framework's Task (models and optimizers)
+    def state_dict(self) -> dict:
+        return {**super().state_dict(),
+                "gan": {"steps": self.steps, "empty_batches": self.empty_batches}}
 
-    def _load_gan_state(self, state: dict) -> None:
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
         self.steps = state["gan"]["steps"]
         self.empty_batches = state["gan"]["empty_batches"]
 
     # -- per-sample randomness ---------------------------------------------------------
-    def _draws(self, index: np.ndarray, step: int, purpose: int = 0):
-        """Label-flip uniforms (2), latent noise (3 sets) and sampled energy labels E'/100
-        (3 sets, used by the 25x25x25 model's fake batches) for each global event.
-
-        Keyed by (seed, purpose, step, event): 0 = training, 1 = generation/evaluation.
+    def _draws(self, index: np.ndarray, step: int, purpose: int = 0, device=None):
+        """Label-flip uniforms (N, 2), latent noise (3, N, latent) and sampled energy labels
+        E'/100 (3, N; used by the 25x25x25 model's fake batches) for the global events
+        ``index``, keyed by (seed, purpose, step, event): 0 = training, 1 = generation and
+        evaluation (``draws.py``: Philox, the same numbers for an event on any rank count).
+        On the host as float32 numpy arrays, or, with ``device``, as tensors of the task's
+        dtype drawn there (the bits are the same; the floats agree to rounding).
         """
-        flips = np.empty((len(index), 2), np.float32)
-        noise = np.empty((3, len(index), self.latent - (2 if self.variant == "angle" else 0)),
-                         np.float32)
-        sampled = np.empty((3, len(index)), np.float32)
-        for j, i in enumerate(index):
-            rng = np.random.default_rng([self.seed, purpose, step, int(i)])
-            flips[j] = rng.random(2)
-            noise[:, j] = rng.standard_normal(noise.shape[::2])
-            sampled[:, j] = rng.uniform(*SAMPLED_ENERGY, 3)  # drawn last: streams unchanged
-        return flips, noise, sampled
+        d = self.latent - (2 if self.variant == "angle" else 0)
+        xp = np if device is None else torch
+        u = to_unit(uniform_words(index, step, purpose, self.seed, 5 + 3 * d, xp, device), xp)
+        n = u.shape[0]
+        flips = u[:, :2]
+        noise = box_muller(u[:, 2:2 + 3 * d], xp).reshape(n, 3, d)
+        sampled = SAMPLED_ENERGY[0] + (SAMPLED_ENERGY[1] - SAMPLED_ENERGY[0]) * u[:, 2 + 3 * d:]
+        if xp is np:
+            return (flips.astype(np.float32), np.ascontiguousarray(noise.transpose(1, 0, 2), np.float32),
+                    np.ascontiguousarray(sampled.T, np.float32))
+        return (flips, noise.transpose(0, 1).contiguous().to(self.dtype),
+                sampled.T.contiguous().to(self.dtype))
+
+    def generation_noise(self, index: np.ndarray, device=None):
+        """The latent noise of generated events ``index`` (N, latent - conditions): keyed by
+        (seed, event) only, so any split of the events over ranks or batches draws the same;
+        numpy on the host, or a tensor drawn on ``device``."""
+        return self._draws(index, 0, purpose=1, device=device)[1][0]
 
     def fake_conditions(self, k: int, energy, angle, ecal, sampled):
         """(E/100, θ, Σ) of fake set ``k`` (0: D's fake batch, 1-2: the two G updates), the
@@ -151,19 +174,21 @@ class GANProtocol:
             return energy, angle, ecal
         return sampled[k], None, ecal_fit(sampled[k])
 
-    def _begin_step(self, batch):
-        """Event counts, the global-batch loss scale and this step's draws (one step on)."""
+    def _begin_step(self, batch, device=None):
+        """Event counts, the global-batch loss scale and this step's draws (one step on; on
+        ``device`` where given)."""
         n_local = len(batch["energy"])
         size = self.comm.Get_size() if self.comm is not None else 1
         n_global = self.comm.allreduce(n_local) if size > 1 else n_local
-        flips, noise, sampled = self._draws(batch["_index"], self.steps)
+        flips, noise, sampled = self._draws(batch["_index"], self.steps, device=device)
         self.steps += 1
         ranks = 1 if self.sums_gradients else size
         return n_local, n_global, ranks / max(n_global, 1), flips, noise, sampled
 
-    def _report(self, sums, n_global: int) -> Dict[str, float]:
+    def _report(self, sums, n_global: int, undo=None) -> Dict[str, float]:
         """Global-batch means of every term (one small allreduce), and the empty-image guard;
-        ``sums`` (4 updates x terms, summed over local events) as a tensor or an array."""
+        ``sums`` (4 updates x terms, summed over local events) as a tensor or an array;
+        ``undo()`` runs before a non-finite loss stops training."""
         local = np.asarray(sums.cpu() if hasattr(sums, "cpu") else sums, np.float64).reshape(-1)
         total = self.comm.allreduce(local) if self.comm is not None and self.comm.Get_size() > 1 else local
         means = total.reshape(4, -1) / max(n_global, 1)
@@ -175,6 +200,8 @@ class GANProtocol:
         out.update({f"g_{n}": float(v) for n, v in zip(names, g_terms)})
         out.update({"d_real": float(means[0] @ w), "d_fake": float(means[1] @ w)})
         if not np.isfinite(means).all():
+            if undo is not None:
+                undo()
             raise TrainingStopped(f"a loss is NaN or infinite: {out}")
         # the guard reads the ecal term (the reference read the angle term by mistake)
         # empty images have a cell sum of 0: a MAPE of exactly 100 %
@@ -206,13 +233,6 @@ class GANTask(GANProtocol, Task):
         self.comm = comm
         self.weights = self.weights.to(device)
 
-    def state_dict(self):
-        return {**super().state_dict(), **self._gan_state()}
-
-    def load_state_dict(self, state):
-        super().load_state_dict(state)
-        self._load_gan_state(state)
-
     def latent_input(self, noise, energy, angle):
         if self.variant == "angle":
             return torch.cat([energy[:, None], angle[:, None], noise], dim=1)
@@ -231,61 +251,73 @@ class GANTask(GANProtocol, Task):
         terms.append(_mape(ecal, outputs[-1]))
         return torch.stack(terms, dim=1)
 
-    def _update(self, model_out, opt, label, targets, scale):
-        """One optimizer step on sum-over-events x scale; returns the local term sums."""
+    def _update(self, model_out, opt, label, targets, scale, flags):
+        """One optimizer step on sum-over-events x scale, unread (its finite flag is appended
+        to ``flags``); returns the local term sums, on the device."""
         terms = self._terms(model_out, label, *targets)
         loss = (terms * self.weights).sum() * scale
         loss.backward()
-        guarded_step(opt, "3DGAN update")
+        flags.append(flagged_step(opt))
         return terms.detach().sum(0)
 
     def train_step(self, batch) -> Dict[str, float]:
+        """The four updates with one host read at the end (their finite flags and the loss
+        sums, guard.py): a batch with a non-finite update is undone from the snapshot taken
+        here and stops training, so no non-finite step is kept or checkpointed."""
         G, D = self.generator, self.discriminator
-        n_local, n_global, scale, flips, noise, sampled = self._begin_step(batch)
+        n_local, n_global, scale, flips, noise, sampled = self._begin_step(batch, self.device)
         k = len(TERMS[self.variant])
-        sums = torch.zeros(4, k, device=self.device)
+        snapshot = Snapshot(self.models().values(), list(self.optimizers().values()))
+        flags = []
         if n_local == 0:  # all events filtered here: take part in the allreduces with zeros
+            sums = [torch.zeros(k, device=self.device, dtype=self.dtype)] * 4
             for opt in (self.d_opt, self.d_opt, self.g_opt, self.g_opt):
                 opt.zero_grad()
-                guarded_step(opt, "3DGAN update")  # stops with the others on their NaNs
+                flags.append(flagged_step(opt))  # stops with the others on their NaNs
         else:
             real = self.tensor(batch["images"]).unsqueeze(1)
             energy, ecal = self.tensor(batch["energy"]), self.tensor(batch["ecal"])
             angle = self.tensor(batch["angle"]) if self.variant == "angle" else None
             targets = (energy, angle, ecal)
-            flip = self.tensor(flips) < self.label_flip
-            ones, zeros = torch.ones(n_local, device=self.device), torch.zeros(n_local, device=self.device)
-            noise_t, sampled_t = self.tensor(noise), self.tensor(sampled)
+            flip = flips < self.label_flip
+            ones = torch.ones(n_local, device=self.device, dtype=self.dtype)
+            zeros = torch.zeros(n_local, device=self.device, dtype=self.dtype)
             G.train(), D.train()
             # 1. discriminator on the real batch
             self.d_opt.zero_grad()
             with self.autocast():
                 out = D(real)
-            sums[0] = self._update(out, self.d_opt, torch.where(flip[:, 0], zeros, ones),
-                                   targets, scale)
+            sums = [self._update(out, self.d_opt, torch.where(flip[:, 0], zeros, ones),
+                                 targets, scale, flags)]
             # 2. discriminator on a fake batch from G in inference mode
-            fake_targets = self.fake_conditions(0, *targets, sampled_t)
+            fake_targets = self.fake_conditions(0, *targets, sampled)
             with torch.no_grad(), self.autocast():
                 G.eval()
-                fake = G(self.latent_input(noise_t[0], *fake_targets[:2]))
+                fake = G(self.latent_input(noise[0], *fake_targets[:2]))
                 G.train()
             self.d_opt.zero_grad()
             with self.autocast():
                 out = D(fake)
-            sums[1] = self._update(out, self.d_opt, torch.where(flip[:, 1], ones, zeros),
-                                   fake_targets, scale)
+            sums.append(self._update(out, self.d_opt, torch.where(flip[:, 1], ones, zeros),
+                                     fake_targets, scale, flags))
             # 3-4. generator twice through the frozen discriminator, label "real"
             D.requires_grad_(False)
             try:
                 for j in (2, 3):
                     self.g_opt.zero_grad()
-                    g_targets = self.fake_conditions(j - 1, *targets, sampled_t)
+                    g_targets = self.fake_conditions(j - 1, *targets, sampled)
                     with self.autocast():
-                        out = D(G(self.latent_input(noise_t[j - 1], *g_targets[:2])))
-                    sums[j] = self._update(out, self.g_opt, ones, g_targets, scale)
+                        out = D(G(self.latent_input(noise[j - 1], *g_targets[:2])))
+                    sums.append(self._update(out, self.g_opt, ones, g_targets, scale, flags))
             finally:
                 D.requires_grad_(True)
-        return self._report(sums, n_global)
+        host = read_host(torch.cat([torch.stack(flags).to(self.dtype), torch.stack(sums).reshape(-1)]))
+        bad = [i + 1 for i, ok in enumerate(host[:4]) if not ok]
+        if bad:
+            snapshot.restore()
+            raise TrainingStopped(f"non-finite gradients, step skipped (3DGAN update {bad[0]} of 4: "
+                                  "the batch's updates were undone)")
+        return self._report(host[4:], n_global, undo=snapshot.restore)
 
     # -- evaluation and generation -----------------------------------------------------
     @torch.no_grad()
@@ -293,10 +325,9 @@ class GANTask(GANProtocol, Task):
                  index: np.ndarray) -> np.ndarray:
         """Preprocessed-space showers for (E/100, θ); noise keyed by the event index."""
         self.generator.eval()
-        _, noise, _ = self._draws(index, 0, purpose=1)
         e = self.tensor(energy_label)
         a = self.tensor(angle) if angle is not None else None
-        out = self.generator(self.latent_input(self.tensor(noise[0]), e, a))
+        out = self.generator(self.latent_input(self.generation_noise(index, self.device), e, a))
         return out.squeeze(1).cpu().numpy()
 
     @torch.no_grad()

@@ -12,7 +12,7 @@ rank 0, which scores and plots. The score follows §4d's training metric, lower 
                this content-weighted form keeps two MC samples near 0)
     angle    = mean over events of |θ_MC,meas - θ_GAN,meas| / θ_MC,meas   (angle model only)
 
-Beside it, ``mpilearn.physics_reference`` computes the reference analysis's own metric and
+Beside it, ``mpilearn.calo.reference`` computes the reference analysis's own metric and
 sampling-fraction MRE on the reference's event selection, exactly as its code does.
 """
 from __future__ import annotations
@@ -23,12 +23,10 @@ from typing import Dict, Optional
 
 import numpy as np
 
-from .data.calo import measured_angle_np
-from .physics_reference import index_moments, reference_metric, sampling_fraction_mre
+from .format import measured_angle_np
+from .reference import (HIT_THRESHOLD, SPARSITY_EXPONENTS, SPECTRUM_BINS, index_moments,
+                        reference_metric, sampling_fraction_mre)
 
-HIT_THRESHOLD = 3e-4             # GeV, as the reference's hit plots
-SPECTRUM_BINS = np.logspace(-12, 1, 101)   # GeV
-SPARSITY_EXPONENTS = np.arange(-13, 1)     # fraction of cells above 10^k GeV
 ENERGY_BINS = 4
 
 
@@ -130,7 +128,7 @@ def _rows(batch: dict, index: np.ndarray) -> dict:
 
 def _cells_gev(task, raw: dict, index: np.ndarray) -> np.ndarray:
     """Raw file events ``index`` as thresholded cell energies in GeV."""
-    from .data.calo import GEOMETRY
+    from .format import GEOMETRY
 
     unit = GEOMETRY[task.variant]["unit"]
     cells = np.asarray(raw["ECAL"], dtype=np.float64)[np.isin(raw["_index"], index)] / unit
@@ -185,11 +183,11 @@ def validate_task(task, files, events: np.ndarray, comm, folder: Optional[str],
             if folder:
                 os.makedirs(folder, exist_ok=True)
                 if plots:
-                    from .physics_plots import plot
+                    from .plots import plot
 
                     result["plots"] = plot(mc, gan, folder, title=title,
                                            label="GAN" if generated is None else "generated")
-                from .io import atomic_write_text
+                from ..io import atomic_write_text
 
                 atomic_write_text(os.path.join(folder, "validation.json"),
                                   json.dumps(result, indent=2))

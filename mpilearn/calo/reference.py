@@ -38,6 +38,11 @@ METRIC_ENERGIES = {"reduced": (0, 110, 150, 190), "full": (0, 50, 100, 200, 250,
 SF_ENERGIES = {"reduced": (110, 150, 190), "full": (100, 200, 300, 400)}
 TOLERANCE = 5.0     # GeV either side of a bin's energy
 ALL_EVENTS = 5000   # bin "0": the first this many events
+# the per-event observables' binning, as the reference's plots (physics.features computes
+# them, plots.py draws them)
+HIT_THRESHOLD = 3e-4             # GeV
+SPECTRUM_BINS = np.logspace(-12, 1, 101)   # GeV
+SPARSITY_EXPONENTS = np.arange(-13, 1)     # fraction of cells above 10^k GeV
 MOMENTS = 2
 
 

@@ -11,8 +11,8 @@ from typing import Dict
 
 import numpy as np
 
-from .physics import HIT_THRESHOLD, SPARSITY_EXPONENTS, SPECTRUM_BINS
-from .physics_reference import METRIC_ENERGIES, energy_set, select
+from .reference import (HIT_THRESHOLD, METRIC_ENERGIES, SPARSITY_EXPONENTS, SPECTRUM_BINS,
+                        energy_set, select)
 
 ANGLE_BINS = (62, 90, 118)   # degrees, ± 0.1 rad: the reference's angle bins
 ANGLE_TOLERANCE = 0.1

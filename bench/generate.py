@@ -1,0 +1,170 @@
+"""Fast-simulation speed: showers/s of the full angle 3DGAN generator (with its post-processing,
+``mpilearn.calo.runs.ShowerModel``, as generate and export run it), per batch size, in PyTorch
+fp32, PyTorch bf16 autocast and ONNX Runtime.
+
+    python bench/generate.py [--quick] [--device cpu|cuda] [--batches 1 100 10000] [--threads 2]
+        [--checkpoint RUN] [--min-seconds 5] [--out bench/results/generate]
+
+Each row: one untimed call at a small batch (kernel selection), then calls of the row's batch
+until --min-seconds have passed (at least one); showers/s = showers / seconds, the noise drawn
+beforehand. Without --checkpoint the weights are random (speed does not depend on them).
+Targets (issue 30): >= 20 showers/s on this 2-core CPU at the best batch; >= 2 000 showers/s
+on one H100 in bf16. A batch whose activations would not fit in --max-gb runs as chunks (the
+row says so): 10 000 showers of 9 MB of live fp32 activations each are 90 GB.
+"""
+import argparse
+import os
+import sys
+import tempfile
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import write  # noqa: E402
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TARGETS = {"cpu": 20.0, "cuda": 2000.0}
+# the largest live activations of one shower: the first conv's input and output, 54x54x48 x 8
+# channels each, 4 bytes (fp32)
+ACTIVATION_BYTES = 2 * 54 * 54 * 48 * 8 * 4
+
+
+def _model(checkpoint):
+    from mpilearn.calo.runs import ShowerModel, load_task, resolve_checkpoint, run_config, shower_model
+    from mpilearn.models import gan3d
+
+    if checkpoint:
+        path = resolve_checkpoint(checkpoint, prefer_best=True)
+        return shower_model(load_task(path, run_config(path))[0]), path
+    return ShowerModel(gan3d.networks({"preset": "full"})[0], "angle"), "random weights"
+
+
+def _rate(fn, inputs_for, batch, chunk, min_seconds):
+    """showers/s of batches of ``batch``, each run as calls of at most ``chunk`` showers."""
+    fn(*inputs_for(min(batch, 4)))  # untimed: kernel selection, allocations
+    sizes = [min(chunk, batch - s) for s in range(0, batch, chunk)]
+    inputs = {n: inputs_for(n) for n in set(sizes)}
+    done, start, cpu = 0, time.perf_counter(), time.process_time()
+    while True:
+        for n in sizes:
+            fn(*inputs[n])
+        done += batch
+        seconds = time.perf_counter() - start
+        if seconds >= min_seconds:
+            return done / seconds, seconds, time.process_time() - cpu
+
+
+def torch_runner(model, device, precision):
+    def run(*inputs):
+        with torch.inference_mode(), torch.autocast(device, dtype=torch.bfloat16,
+                                                    enabled=precision == "bf16"):
+            out = model(*inputs)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        return out
+    return run
+
+
+def onnx_runner(model, device, threads):
+    import onnxruntime
+
+    from mpilearn.calo.export import NAMES, export_onnx
+
+    path = os.path.join(tempfile.mkdtemp(prefix="mpilearn-bench-"), "generator.onnx")
+    export_onnx(model.cpu(), path)
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = threads
+    providers = (["CUDAExecutionProvider"] if device == "cuda" else []) + ["CPUExecutionProvider"]
+    session = onnxruntime.InferenceSession(path, options, providers=providers)
+    names = NAMES[model.variant]
+    return lambda *inputs: session.run(None, {k: v.cpu().numpy() for k, v in zip(names, inputs)})
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 100, 10000])
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--checkpoint")
+    ap.add_argument("--min-seconds", type=float, default=5.0)
+    ap.add_argument("--max-gb", type=float, default=None,
+                    help="activation memory a batch may take (default: half the RAM / GPU)")
+    ap.add_argument("--quick", action="store_true", help="batches 1 and 16, 1 s each (CI)")
+    ap.add_argument("--out", default=os.path.join(REPO, "bench", "results", "generate"))
+    a = ap.parse_args()
+    if a.quick:
+        a.batches, a.min_seconds = [1, 16], 1.0
+    from mpilearn.calo.export import example_inputs
+
+    torch.set_num_threads(a.threads)
+    model, source = _model(a.checkpoint)
+    if a.max_gb is None:
+        total = (torch.cuda.get_device_properties(0).total_memory if a.device == "cuda"
+                 else os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+        a.max_gb = total / 2 / 1e9
+
+    def inputs_for(n):
+        return tuple(x.to(a.device) for x in example_inputs(model, n))
+
+    rows = []
+    runtimes = [("torch", "fp32"), ("torch", "bf16"), ("onnxruntime", "fp32")]
+    for runtime, precision in runtimes:
+        if runtime == "torch":
+            fn = torch_runner(model.to(a.device), a.device, precision)
+        else:
+            fn = onnx_runner(model, a.device, a.threads)
+            model.to(a.device)
+        for batch in a.batches:
+            row = {"device": a.device, "runtime": runtime, "precision": precision, "batch": batch,
+                   "threads": a.threads}
+            per_shower = ACTIVATION_BYTES / (2 if precision == "bf16" and runtime == "torch" else 1)
+            row["chunk"] = min(batch, max(1, int(a.max_gb * 1e9 / per_shower)))
+            row["showers_per_s"], row["seconds"], cpu = _rate(fn, inputs_for, batch, row["chunk"],
+                                                              a.min_seconds)
+            # what the threads would make on an idle machine: showers per CPU-second x threads
+            # (an upper estimate; on a shared machine the wall-clock rate is a lower bound)
+            row["cpu_bound_showers_per_s"] = row["showers_per_s"] * row["seconds"] / cpu * a.threads
+            rows.append(row)
+            print(row, flush=True)
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    data = {"rows": rows, "weights": source, "targets": TARGETS, "load_average": load,
+            "command": " ".join(["python", "bench/generate.py", *sys.argv[1:]])}
+    write(a.out, data, markdown(data))
+
+
+def markdown(data):
+    rows, targets = data["rows"], data["targets"]
+    device = rows[0]["device"]
+    ran = [r for r in rows if "showers_per_s" in r]
+    pool = [r for r in ran if device == "cpu" or r["precision"] == "bf16"]  # GPU target: bf16
+    best = max(pool, key=lambda r: r["showers_per_s"]) if pool else None
+    md = [f"`{data['command']}`: the full angle generator with its post-processing "
+          f"({data['weights']}), {rows[0]['threads']} threads; 1-minute load average "
+          f"{data['load_average']:.1f} when it ended (a shared machine: other jobs ran beside "
+          "it, so these are lower bounds; the last column, showers per CPU-second of this process "
+          "times its threads, estimates the rate on an idle machine).", "",
+          "| device | runtime | precision | batch | showers/s | ms/shower | showers per CPU-second x threads |",
+          "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        chunks = f" (in calls of {r['chunk']})" if r["chunk"] < r["batch"] else ""
+        md.append(f"| {r['device']} | {r['runtime']} | {r['precision']} | {r['batch']}{chunks} | "
+                  f"{r['showers_per_s']:.1f} | {1000 / r['showers_per_s']:.1f} | "
+                  f"{r['cpu_bound_showers_per_s']:.1f} |")
+    if device == "cpu":
+        md.append("| cuda (one H100) | torch | bf16 | 10000 | not run (no GPU in this session) | | |")
+    if best:
+        verdict = "met" if best["showers_per_s"] >= targets[device] else "missed"
+        idle = max(pool, key=lambda r: r["cpu_bound_showers_per_s"])
+        guess = "met" if idle["cpu_bound_showers_per_s"] >= targets[device] else "missed"
+        md += ["", f"Best: {best['showers_per_s']:.1f} showers/s ({best['runtime']} "
+               f"{best['precision']}, batch {best['batch']}); target on {device} >= "
+               f"{targets[device]:g} showers/s: {verdict} as measured; on an idle machine "
+               f"(estimate, {idle['runtime']} {idle['precision']} batch {idle['batch']}: "
+               f"{idle['cpu_bound_showers_per_s']:.1f}): {guess}. Target on one H100 in bf16 >= "
+               f"{targets['cuda']:g} showers/s" + (": not measured here." if device == "cpu" else ".")]
+    return md
+
+
+if __name__ == "__main__":
+    main()

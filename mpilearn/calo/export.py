@@ -1,0 +1,128 @@
+"""python -m mpilearn.export: a trained 3DGAN generator for use outside Python.
+
+    python -m mpilearn.export runs/gan                   # -> runs/gan/export/
+    python -m mpilearn.export --checkpoint runs/gan/checkpoints/best --output gen/
+
+Writes ``generator.onnx`` (ONNX, for ONNX Runtime, e.g. from a C++ Geant4 fast-simulation
+hook) and ``generator.pt2`` (a ``torch.export`` program: ``torch.export.load(path).module()``),
+both with a dynamic batch dimension, and checks the ONNX file in ONNX Runtime against PyTorch
+at two batch sizes. The post-processing is inside the graph: the output is cell energies in
+GeV. Inputs and output (see ``runs.ShowerModel`` and README "Fast simulation"):
+
+    noise      float32 (N, 254) standard normal (fixed model: (N, 200))
+    energy     float32 (N,)     primary energy / 100 GeV
+    angle      float32 (N,)     polar angle in rad (angle model only)
+    cells_gev  float32 (N, 51, 51, 25) cell energies in GeV (fixed model: (N, 25, 25, 25))
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import numpy as np
+import torch
+
+from ..errors import UsageError, exit_status
+from .runs import load_task, resolve_checkpoint, run_config, shower_model
+
+NAMES = {"angle": ["noise", "energy", "angle"], "fixed": ["noise", "energy"]}
+TOLERANCE = 1e-4  # of each shower's largest cell
+
+
+def example_inputs(model, n: int, seed: int = 0) -> tuple:
+    """Inputs of ``n`` events in the exported layout (energies 10-500 GeV, angles 60-120 deg)."""
+    g = torch.Generator().manual_seed(seed)
+    latent = model.generator.dense.in_features - (2 if model.variant == "angle" else 0)
+    out = [torch.randn(n, latent, generator=g), 0.1 + 4.9 * torch.rand(n, generator=g)]
+    if model.variant == "angle":
+        out.append(torch.deg2rad(60 + 60 * torch.rand(n, generator=g)))
+    return tuple(out)
+
+
+def _dynamic(model):
+    batch = torch.export.Dim("batch")
+    return {name: {0: batch} for name in NAMES[model.variant]}
+
+
+def export_program(model, path: str) -> None:
+    """``torch.export`` with a dynamic batch, saved with ``torch.export.save``."""
+    from ..io import atomic_write_bytes
+
+    program = torch.export.export(model, example_inputs(model, 3), dynamic_shapes=_dynamic(model))
+    atomic_write_bytes(path, lambda f: torch.export.save(program, f))
+
+
+def export_onnx(model, path: str) -> None:
+    """ONNX through the dynamo exporter (needs ``onnxscript``), batch dimension dynamic."""
+    tmp = path + ".tmp.onnx"
+    program = torch.onnx.export(model, example_inputs(model, 3), dynamo=True, verbose=False,
+                                dynamic_shapes=_dynamic(model), input_names=NAMES[model.variant],
+                                output_names=["cells_gev"])
+    program.save(tmp)
+    os.replace(tmp, path)
+
+
+def check_onnx(path: str, model, batches=(1, 7)) -> float:
+    """Runs ``path`` in ONNX Runtime (CPU) on the inputs PyTorch gets; returns the largest
+    |ONNX - PyTorch| over each shower's largest cell, over every shower of ``batches``."""
+    import onnxruntime
+
+    session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
+    worst = 0.0
+    for n in batches:
+        inputs = example_inputs(model, n, seed=n)
+        with torch.inference_mode():
+            expected = model(*inputs).numpy()
+        got = session.run(None, {k: v.numpy() for k, v in zip(NAMES[model.variant], inputs)})[0]
+        if got.shape != expected.shape:
+            raise RuntimeError(f"ONNX output has shape {got.shape}, PyTorch {expected.shape}")
+        peak = np.maximum(expected.reshape(n, -1).max(1), 1e-30)
+        worst = max(worst, float((np.abs(got - expected).reshape(n, -1).max(1) / peak).max()))
+    return worst
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m mpilearn.export", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("run", nargs="?", help="run directory (its best, else latest, checkpoint)")
+    p.add_argument("--checkpoint", help="checkpoint file, 'latest'/'best' pointer or folder")
+    p.add_argument("--config", help="the run's config.yaml (default: next to checkpoints/)")
+    p.add_argument("--output", help="folder for generator.onnx and generator.pt2 "
+                   "(default RUN/export)")
+    p.add_argument("--overwrite", action="store_true", help="replace files already there")
+    p.add_argument("--no-check", dest="check", action="store_false",
+                   help="skip the ONNX Runtime comparison")
+    args = p.parse_args(argv)
+    try:
+        if not (args.run or args.checkpoint):
+            raise UsageError("give a run directory or --checkpoint")
+        checkpoint = resolve_checkpoint(args.checkpoint or args.run, prefer_best=True)
+        config = run_config(checkpoint, args.config)
+        run = os.path.dirname(os.path.dirname(checkpoint))
+        output = args.output or os.path.join(run, "export")
+        paths = {kind: os.path.join(output, f"generator.{kind}") for kind in ("onnx", "pt2")}
+        there = [path for path in paths.values() if os.path.exists(path)]
+        if there and not args.overwrite:
+            raise UsageError(f"{there[0]} exists (give --overwrite to replace it)")
+        if os.path.isfile(output):
+            raise UsageError(f"--output {output} is a file, not a folder")
+        task, epoch = load_task(checkpoint, config)
+        model = shower_model(task)
+        os.makedirs(output, exist_ok=True)
+        export_program(model, paths["pt2"])
+        export_onnx(model, paths["onnx"])
+    except Exception as err:  # UsageError: status 2; anything else: its traceback
+        return exit_status(err)
+    print(f"exported {checkpoint} ({epoch}): {paths['onnx']}, {paths['pt2']}")
+    if args.check:
+        worst = check_onnx(paths["onnx"], model)
+        print(f"ONNX Runtime vs PyTorch at batch 1 and 7: max |difference| = {worst:.2e} of the "
+              f"shower's largest cell (tolerance {TOLERANCE:g})")
+        if worst > TOLERANCE:
+            return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

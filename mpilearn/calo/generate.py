@@ -1,0 +1,289 @@
+"""python -m mpilearn.generate: showers from a trained 3DGAN, in the calorimeter's HDF5 format.
+
+    python -m mpilearn.generate runs/gan --events 10000 --output showers.h5
+    python -m mpilearn.generate runs/gan --events 5000 --energy 10 500 --energy-dist log \\
+        --angle 60 120 --output showers.h5
+    mpirun -np 4 python -m mpilearn.generate --checkpoint runs/gan/checkpoints/best \\
+        --conditions mc.h5 --output fast.h5 --precision bf16
+
+The generator comes from a run directory (its ``checkpoints/best`` when there is one, else the
+latest checkpoint) or ``--checkpoint``; PyTorch and Keras runs alike. Conditions: ``--energy``
+(GeV) and ``--angle`` (degrees, the angle model only) take one value, a list (event i takes
+value i mod n) or, with ``--*-dist uniform|log``, a range of two values (two values default
+to a uniform range); or ``--conditions`` reads them from HDF5 (``energy`` in GeV and the run's
+angle key in rad, as the calorimeter files) or CSV (columns ``energy`` in GeV and ``angle`` in
+degrees). The output holds ``ECAL`` (GeV x 50 for the angle model, GeV for the fixed one),
+``energy`` and the angle under the run's angle key: what the loader and ``validate
+--generated`` read.
+
+Reproducible whatever the rank count: event i's noise (and drawn conditions) depend only on
+(--seed, i), and events go in batches of fixed global ranges, batch k to rank k mod ranks;
+rank 0 gathers the batches in order and writes one file.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import time
+from types import SimpleNamespace
+
+import numpy as np
+
+from ..comm import check_on_root
+from ..errors import UsageError, exit_status
+from ..launcher import RankZeroArgumentParser
+from .format import GEOMETRY
+from .runs import is_keras, load_task, resolve_checkpoint, run_config, shower_model
+
+CONDITION_KEY = 2  # the per-event RNG purpose of drawn conditions (training 0, noise 1)
+
+
+def _spec(values, dist, name, low, high):
+    """(values, distribution) checked: a list, or a uniform/log range of two values."""
+    dist = dist or ("uniform" if len(values) == 2 else "list")
+    bad = [v for v in values if not (low < v < high)]
+    if bad:
+        raise UsageError(f"--{name} {bad[0]:g} is out of range ({low:g}, {high:g})")
+    if dist != "list" and (len(values) != 2 or values[0] >= values[1]):
+        raise UsageError(f"--{name}-dist {dist} needs two values LOW HIGH with LOW < HIGH, got "
+                         f"{' '.join(f'{v:g}' for v in values)}")
+    return np.asarray(values, np.float64), dist
+
+
+def _pick(spec, u, index):
+    values, dist = spec
+    if dist == "list":
+        return values[index % len(values)]
+    lo, hi = values
+    return lo + u * (hi - lo) if dist == "uniform" else lo * (hi / lo) ** u
+
+
+def drawn_conditions(energy, angle, seed: int, index: np.ndarray):
+    """Energies (GeV) and angles (rad) of events ``index``, each from (seed, event) only."""
+    u = np.array([np.random.default_rng([seed, CONDITION_KEY, int(i)]).random(2) for i in index])
+    u = u.reshape(len(index), 2)
+    e = _pick(energy, u[:, 0], index)
+    a = np.radians(_pick(angle, u[:, 1], index)) if angle is not None else None
+    return e, a
+
+
+def read_conditions(path: str, angle_key, events):
+    """(energy GeV, angle rad or None) from an HDF5 or CSV file, checked."""
+    if not os.path.isfile(path):
+        raise UsageError(f"--conditions {path}: no such file")
+    if path.lower().endswith(".csv"):
+        import csv
+
+        with open(path, newline="") as f:
+            rows = list(csv.DictReader(f))
+        need = ["energy"] + (["angle"] if angle_key else [])
+        missing = [k for k in need if not rows or k not in rows[0]]
+        if missing:
+            raise UsageError(f"--conditions {path}: no column '{missing[0]}' (need {', '.join(need)})")
+        try:
+            table = {k: np.array([float(r[k]) for r in rows]) for k in need}
+        except ValueError as err:
+            raise UsageError(f"--conditions {path}: {err}") from None
+        energy, angle = table["energy"], np.radians(table["angle"]) if angle_key else None
+    else:
+        import h5py
+
+        try:
+            with h5py.File(path, "r") as f:
+                for key in ["energy"] + ([angle_key] if angle_key else []):
+                    if key not in f:
+                        raise UsageError(f"--conditions {path}: no dataset '{key}'")
+                energy = np.asarray(f["energy"], np.float64).reshape(-1)
+                angle = np.asarray(f[angle_key], np.float64).reshape(-1) if angle_key else None
+        except OSError as err:
+            raise UsageError(f"--conditions {path}: not an HDF5 or CSV file ({err})") from None
+    n = len(energy) if events is None else events
+    if n > len(energy) or n < 1:
+        raise UsageError(f"--conditions {path} has {len(energy)} event(s), --events asks for {n}")
+    for name, values in (("energy", energy[:n]), ("angle", None if angle is None else angle[:n])):
+        bad = np.nonzero(~np.isfinite(values) | (values <= 0))[0] if values is not None else []
+        if len(bad):
+            raise UsageError(f"--conditions {path}: {name} of event {bad[0]} is "
+                             f"{float(values[bad[0]])!r}, not a positive number")
+    return energy[:n], None if angle is None else angle[:n]
+
+
+def prepare(args):
+    """Rank 0, before any model is built: the arguments, the checkpoint, the output."""
+    import torch
+
+    if not (args.run or args.checkpoint):
+        raise UsageError("give a run directory or --checkpoint")
+    if args.events is not None and args.events < 1:
+        raise UsageError(f"--events {args.events}: must be at least 1")
+    if args.batch_size < 1:
+        raise UsageError(f"--batch-size {args.batch_size}: must be at least 1")
+    if args.conditions is None and args.events is None:
+        raise UsageError("give --events (or --conditions with the events' energies and angles)")
+    energy = _spec(args.energy, args.energy_dist, "energy", 0.0, math.inf)
+    angle = _spec(args.angle, args.angle_dist, "angle", 0.0, 180.0)
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        raise UsageError(f"--device {args.device}: no CUDA device here")
+    if os.path.isdir(args.output):
+        raise UsageError(f"--output {args.output} is a folder, not a file")
+    if os.path.exists(args.output) and not args.overwrite:
+        raise UsageError(f"--output {args.output} exists (give --overwrite to replace it)")
+    checkpoint = resolve_checkpoint(args.checkpoint or args.run, prefer_best=True)
+    config = run_config(checkpoint, args.config)
+    from ..builders import load_builder
+
+    load_builder(config["model"])
+    return SimpleNamespace(checkpoint=checkpoint, config=config, energy=energy, angle=angle)
+
+
+def plan_conditions(args, plan, task):
+    """Rank 0, with the model: the conditions the variant takes, read or described."""
+    angle_key = task.preprocess.angle_key if task.variant == "angle" else None
+    if args.precision == "bf16" and is_keras(task):
+        raise UsageError("--precision bf16 needs a PyTorch run (Keras: fp32)")
+    if args.angle_given and task.variant != "angle":
+        raise UsageError("--angle: the fixed-angle (25x25x25) model takes no angle")
+    if args.conditions:
+        return read_conditions(args.conditions, angle_key, args.events)
+    return None
+
+
+def produce(task, plan, table, args, comm, write=None):
+    """Collective: every rank generates batches k = rank, rank + ranks, ...; rank 0 gathers
+    each round in order and calls ``write(start, energy, angle, cells_gev)``."""
+    import torch
+
+    rank, size = comm.Get_rank(), comm.Get_size()
+    n = len(table[0]) if table is not None else args.events
+    batches = math.ceil(n / args.batch_size)
+    model = None
+    if not is_keras(task):  # PyTorch: the exported module, on the device
+        model = shower_model(task).to(args.device)
+    autocast = torch.autocast(args.device.split(":")[0], dtype=torch.bfloat16,
+                              enabled=args.precision == "bf16")
+    bar = None
+    if rank == 0 and args.progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=n, desc="generating", unit="shower", file=sys.stderr)
+    for first in range(0, batches, size):
+        k = first + rank
+        index = np.arange(k * args.batch_size, min(n, (k + 1) * args.batch_size)) if k < batches \
+            else np.arange(0)
+        if table is not None:
+            e, a = table[0][index], None if table[1] is None else table[1][index]
+        else:
+            e, a = drawn_conditions(plan.energy, plan.angle if task.variant == "angle" else None,
+                                    args.seed, index)
+        cells = None
+        if len(index) and model is not None:
+            t = lambda x: torch.as_tensor(np.asarray(x, np.float32), device=args.device)  # noqa: E731
+            with torch.inference_mode(), autocast:
+                cells = model(t(task.generation_noise(index)), t(e / 100.0),
+                              None if a is None else t(a)).cpu().numpy()
+        elif len(index):
+            cells = task.preprocess.to_gev(task.generate(e / 100.0, a, index)).astype(np.float32)
+        parts = comm.gather((index, e, a, cells), root=0)
+        if rank == 0:
+            for index, e, a, cells in parts:
+                if len(index):
+                    write(int(index[0]), e, a, cells)
+                    if bar is not None:
+                        bar.update(len(index))
+    if bar is not None:
+        bar.close()
+    return n
+
+
+def _writer(h5, task, n: int, compress: bool = True):
+    """Datasets for ``n`` events in ``h5``; returns write(start, energy, angle, cells_gev)."""
+    g = GEOMETRY[task.variant]
+    opts = {"compression": "gzip", "compression_opts": 1} if compress else {}
+    ecal = h5.create_dataset("ECAL", (n, *g["shape"]), "float32", chunks=(1, *g["shape"]), **opts)
+    energy = h5.create_dataset("energy", (n,), "float32")
+    angle = h5.create_dataset(task.preprocess.angle_key, (n,), "float32") \
+        if task.variant == "angle" else None
+
+    def write(start, e, a, cells):
+        stop = start + len(e)
+        ecal[start:stop] = cells * g["unit"]
+        energy[start:stop] = e
+        if angle is not None:
+            angle[start:stop] = a
+    return write
+
+
+def main(argv=None) -> int:
+    p = RankZeroArgumentParser(prog="python -m mpilearn.generate", description=__doc__,
+                               formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("run", nargs="?", help="run directory (its best, else latest, checkpoint)")
+    p.add_argument("--checkpoint", help="checkpoint file, 'latest'/'best' pointer or folder")
+    p.add_argument("--config", help="the run's config.yaml (default: next to checkpoints/)")
+    p.add_argument("--output", required=True, help="HDF5 file to write")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --output")
+    p.add_argument("--events", type=int, help="showers to generate")
+    p.add_argument("--energy", type=float, nargs="+", default=[100.0, 200.0],
+                   help="GeV: a value, a list, or LOW HIGH (default 100 200)")
+    p.add_argument("--energy-dist", choices=("list", "uniform", "log"))
+    p.add_argument("--angle", type=float, nargs="+", default=None,
+                   help="degrees: a value, a list, or LOW HIGH (default 60 120)")
+    p.add_argument("--angle-dist", choices=("list", "uniform"))
+    p.add_argument("--conditions", help="HDF5 or CSV file of the events' energies and angles")
+    p.add_argument("--seed", type=int, default=0, help="noise and drawn conditions (default 0)")
+    p.add_argument("--batch-size", type=int, default=100)
+    p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda where there is one)")
+    p.add_argument("--compression", choices=("gzip", "none"), default="gzip",
+                   help="ECAL's compression (gzip level 1, as the simulated files; none: "
+                   "faster writing where rank 0's writes limit the rate)")
+    p.add_argument("--no-progress", dest="progress", action="store_false")
+    args = p.parse_args(argv)
+    args.angle_given = args.angle is not None
+    args.angle = args.angle or [60.0, 120.0]
+
+    from .. import comm as mcomm
+
+    ctx = mcomm.init()
+    try:
+        import torch
+
+        args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        if args.device == "cuda" and torch.cuda.is_available():
+            args.device = f"cuda:{ctx.local_rank % torch.cuda.device_count()}"
+        plan = ctx.comm.bcast(check_on_root(ctx.comm, prepare, args), root=0)
+        task, epoch = load_task(plan.checkpoint, plan.config)
+        task.seed = args.seed
+        table = ctx.comm.bcast(check_on_root(ctx.comm, plan_conditions, args, plan, task), root=0)
+        ctx.comm.Barrier()
+        start = time.perf_counter()
+        if ctx.rank == 0:
+            import h5py
+
+            from ..io import atomic_write_bytes
+
+            def write_all(f):
+                n = len(table[0]) if table is not None else args.events
+                with h5py.File(f, "w") as h5:
+                    h5.attrs.update({"checkpoint": plan.checkpoint, "seed": args.seed,
+                                     "precision": args.precision})
+                    produce(task, plan, table, args, ctx.comm,
+                            _writer(h5, task, n, args.compression == "gzip"))
+
+            atomic_write_bytes(args.output, write_all)
+        else:
+            produce(task, plan, table, args, ctx.comm)
+        seconds = time.perf_counter() - start
+    except Exception as err:  # mpilearn's own errors become statuses; others abort the job
+        return exit_status(err, ctx.rank)
+    if ctx.rank == 0:
+        n = len(table[0]) if table is not None else args.events
+        print(f"generated {n} showers from {plan.checkpoint} ({epoch}) on {ctx.size} rank(s), "
+              f"{args.device}, {args.precision}: {seconds:.1f} s, {n / seconds:.1f} showers/s "
+              f"(written to {args.output})", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,163 @@
+"""python -m mpilearn.validate: physics validation of 3DGAN showers against Monte Carlo.
+
+    python -m mpilearn.validate --checkpoint runs/demo/checkpoints/latest --mc data/*.h5
+    mpirun -np 4 python -m mpilearn.validate --checkpoint ... --mc ... --events 5000
+    python -m mpilearn.validate --generated other_gan/*.h5 --mc data/*.h5 --json out.json
+
+For every MC event, one shower is generated from the checkpoint with the same (E, θ), or, with
+--generated, read from showers in the calorimeter's HDF5 format (another generator's output,
+or a second MC sample): event i there pairs with MC event i and carries its own conditioning
+(energy, and the angle key for the angle model). The §4b observables are compared, and three
+numbers reported (see ``mpilearn.calo.physics`` and ``mpilearn.calo.reference``):
+  score                  mpilearn's physics score (lower is better);
+  reference_metric       the reference analysis's optimisation metric (moments, profiles,
+                         angle), on its event selection;
+  sampling_fraction_mre  the reference's epoch-selection MRE, with its value per energy bin.
+Writes ``validation.json`` and PNG plots into ``--output``, and the results to ``--json``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from types import SimpleNamespace
+
+import numpy as np
+
+from ..launcher import RankZeroArgumentParser
+from ..comm import check_on_root
+from ..errors import UsageError, exit_status
+from .runs import load_task, resolve_checkpoint, run_config
+
+
+def prepare(args):
+    """Rank 0: check every input before anything is built or read."""
+    from ..builders import load_builder
+    from ..train.checks import expand_files
+
+    if not args.checkpoint and not args.generated:
+        raise UsageError("give --checkpoint (generate showers) or --generated (read them)")
+    if args.json and os.path.isdir(args.json):
+        raise UsageError(f"--json {args.json} is a folder, not a file")
+    checkpoint = config = None
+    if args.checkpoint:
+        checkpoint = resolve_checkpoint(args.checkpoint)
+        config = run_config(checkpoint, args.config)
+        load_builder(config["model"])
+    generated = expand_files(args.generated) if args.generated else None
+    return checkpoint, config, expand_files(args.mc), generated
+
+
+def _shower_format(paths, angle_key: str):
+    """The preprocessing of files read without a model: the variant from the ECAL shape."""
+    import h5py
+
+    from .format import GEOMETRY, Preprocess
+
+    with h5py.File(paths[0], "r") as f:
+        shape = tuple(f["ECAL"].shape[1:]) if "ECAL" in f else None
+    variant = next((v for v, g in GEOMETRY.items() if g["shape"] == shape), None)
+    if variant is None:
+        raise UsageError(f"{paths[0]}: dataset 'ECAL' has events of shape {shape}, expected "
+                         f"one of {', '.join(str(g['shape']) for g in GEOMETRY.values())}")
+    return SimpleNamespace(variant=variant, preprocess=Preprocess(variant, angle_key),
+                           keys=["ECAL", "energy"] if variant == "angle" else ["ECAL"],
+                           optional_keys=[angle_key] if variant == "angle" else ["energy", "target"])
+
+
+def _open_files(task, paths, what: str, need_angle: bool = False):
+    """Rank 0: the files as an event table, checked as the task checks training files."""
+    from ..data.hdf5 import EventFiles
+    from .gan import GANProtocol
+
+    files = EventFiles(paths, task.keys, task.optional_keys)
+    if isinstance(task, GANProtocol):
+        task.check_files(files)
+    elif task.variant == "fixed" and not {"energy", "target"} & files.optional_present:
+        raise UsageError(f"{what} {paths[0]}: no dataset 'energy' (or 'target') with the "
+                         "primary energy")
+    angle_key = task.preprocess.angle_key
+    if need_angle and task.variant == "angle" and angle_key not in files.optional_present:
+        raise UsageError(f"{what} {paths[0]}: no dataset '{angle_key}': generated showers must "
+                         "carry the angle they were generated for (or give --angle-key)")
+    return files
+
+
+def _share(comm, files):
+    from ..data.hdf5 import EventFiles
+
+    shared = comm.bcast(None if files is None else
+                        (files.paths, files.counts, sorted(files.optional_present), files.keys))
+    return EventFiles.from_counts(*shared[:3], keys=shared[3])
+
+
+def main(argv=None) -> int:
+    p = RankZeroArgumentParser(prog="python -m mpilearn.validate", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--checkpoint", help="checkpoint file, its 'latest' pointer, or a run directory")
+    p.add_argument("--generated", nargs="+", help="showers to compare instead of generating "
+                   "them: HDF5 files or globs in the MC's format, paired with the MC by order")
+    p.add_argument("--mc", nargs="+", required=True, help="Monte Carlo HDF5 files or globs")
+    p.add_argument("--config", help="the run's config.yaml (default: next to checkpoints/)")
+    p.add_argument("--angle-key", default="mtheta", help="the angle dataset of files read "
+                   "without a checkpoint (default mtheta)")
+    p.add_argument("--events", type=int, default=2000, help="MC events to compare (default 2000)")
+    p.add_argument("--output", default=None, help="folder for validation.json and plots "
+                   "(default: RUN/validation/final, or ./validation without a checkpoint)")
+    p.add_argument("--json", help="also write the results to this JSON file")
+    p.add_argument("--no-plots", action="store_true")
+    args = p.parse_args(argv)
+
+    from .. import comm as mcomm
+
+    ctx = mcomm.init()
+    try:
+        checkpoint, config, mc_paths, gen_paths = ctx.comm.bcast(
+            check_on_root(ctx.comm, prepare, args), root=0)
+        task, epoch = (load_task(checkpoint, config) if checkpoint
+                       else (_shower_format(mc_paths, args.angle_key), None))
+        mc, generated = check_on_root(ctx.comm, lambda: (
+            _open_files(task, mc_paths, "MC"),
+            gen_paths and _open_files(task, gen_paths, "generated", need_angle=True))) or (None, None)
+        mc = _share(ctx.comm, mc)
+        generated = _share(ctx.comm, generated) if gen_paths else None
+        run = os.path.dirname(os.path.dirname(checkpoint)) if checkpoint else None
+        output = args.output or (os.path.join(run, "validation", "final") if run else "validation")
+        n = min(len(mc), len(generated)) if generated is not None else len(mc)
+        events = np.sort(np.random.default_rng(0).permutation(n)[:args.events])
+        title = " ".join(filter(None, [
+            f"run {os.path.basename(os.path.abspath(run))}" if run else None,
+            epoch,
+            f"generated {os.path.basename(gen_paths[0])}" if gen_paths else None]))
+        from .physics import validate_task
+
+        result = validate_task(task, mc, events, ctx.comm, output, max_events=args.events,
+                               plots=not args.no_plots, generated=generated, title=title)
+    except Exception as err:  # mpilearn's own errors become statuses; others abort the job
+        return exit_status(err, ctx.rank)
+    if ctx.rank == 0:
+        if args.json:
+            from ..io import atomic_write_text
+
+            atomic_write_text(args.json, json.dumps(result, indent=2))
+        print(summary(result) + f"; results in {args.json or output}")
+    return 0
+
+
+def summary(result: dict) -> str:
+    """One line: the project's score, the reference metric and the sampling-fraction MRE."""
+    def terms(prefix):
+        return ", ".join(f"{k} {result[prefix + k]:.4f}" for k in ("moments", "profiles", "angle")
+                         if prefix + k in result)
+
+    if not result.get("events"):
+        return "no MC event passed the selection"
+    return (f"score {result['score']:.4f} ({terms('')}); reference_metric "
+            f"{result['reference_metric']:.4f} ({terms('reference_')}); sampling_fraction_mre "
+            f"{result['sampling_fraction_mre']:.4f} ± {result['sampling_fraction_mre_error']:.4f} "
+            f"on {result['events']} events")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

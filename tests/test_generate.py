@@ -1,0 +1,166 @@
+"""Fast simulation from a trained 3DGAN: python -m mpilearn.generate (distributed, seeded, the
+calorimeter format) and python -m mpilearn.export (ONNX checked in ONNX Runtime, torch.export)."""
+import glob
+import json
+import os
+
+import h5py
+import numpy as np
+import pytest
+import torch
+
+from conftest import REPO, mpirun, train_args
+
+GAN = os.path.join(REPO, "models", "gan3d.py")
+
+
+@pytest.fixture(scope="module")
+def tiny_run(showers_dir, tmp_path_factory):
+    """A small-preset 3DGAN trained for one step: a run directory with a checkpoint."""
+    out = tmp_path_factory.mktemp("gen") / "run"
+    proc = mpirun(1, train_args("--set", f"model={GAN}", "--set", f"data.files=[{showers_dir}/*.h5]",
+                                "--set", "hparams.preset=small", "--set", "train.batch_size=8",
+                                "--set", "train.epochs=1", "--set", "train.max_steps_per_epoch=1",
+                                "--set", "data.val_fraction=0.1", "--output", str(out)))
+    assert proc.returncode == 0, proc.stderr
+    return out
+
+
+def generate(np_, run, output, *extra):
+    return mpirun(np_, ["-m", "mpilearn.generate", str(run), "--output", str(output),
+                        "--no-progress", *extra])
+
+
+def test_one_and_two_ranks_give_the_same_showers_that_validate_reads(tiny_run, showers_dir,
+                                                                      tmp_path):
+    mc = sorted(glob.glob(f"{showers_dir}/*.h5"))[0]
+    args = ("--conditions", mc, "--events", "24", "--batch-size", "5", "--seed", "3")
+    one, two = generate(1, tiny_run, tmp_path / "one.h5", *args), \
+        generate(2, tiny_run, tmp_path / "two.h5", *args)
+    assert one.returncode == 0, one.stderr
+    assert two.returncode == 0, two.stderr
+    assert "showers/s" in one.stdout and "on 2 rank(s)" in two.stdout
+    with h5py.File(tmp_path / "one.h5") as a, h5py.File(tmp_path / "two.h5") as b, \
+            h5py.File(mc) as m:
+        assert set(a) == set(b) == {"ECAL", "energy", "mtheta"}
+        for key in a:  # bit for bit (the tests run one thread per rank)
+            np.testing.assert_array_equal(a[key][:], b[key][:])
+        assert a["ECAL"].shape == (24, 51, 51, 25) and a["ECAL"][:].max() > 0
+        np.testing.assert_allclose(a["energy"][:], m["energy"][:24])  # the file's conditions
+        np.testing.assert_allclose(a["mtheta"][:], m["mtheta"][:24])
+        first = a["ECAL"][:]
+    # another seed: other noise; drawn conditions follow the seed as well
+    other = generate(1, tiny_run, tmp_path / "other.h5", *args[:-1], "4")
+    assert other.returncode == 0, other.stderr
+    with h5py.File(tmp_path / "other.h5") as c:
+        assert not np.array_equal(c["ECAL"][:], first)
+    proc = mpirun(2, ["-m", "mpilearn.validate", "--generated", str(tmp_path / "one.h5"),
+                      "--mc", mc, "--events", "24", "--no-plots", "--json",
+                      str(tmp_path / "v.json"), "--output", str(tmp_path / "val")])
+    assert proc.returncode == 0, proc.stderr
+    result = json.load(open(tmp_path / "v.json"))
+    assert result["events"] > 0 and np.isfinite(result["score"])
+
+
+def test_drawn_conditions_lists_and_ranges(tiny_run, tmp_path):
+    proc = generate(2, tiny_run, tmp_path / "log.h5", "--events", "9", "--batch-size", "4",
+                    "--energy", "10", "500", "--energy-dist", "log", "--angle", "70", "110",
+                    "--precision", "bf16")
+    assert proc.returncode == 0, proc.stderr
+    with h5py.File(tmp_path / "log.h5") as f:
+        e, theta = f["energy"][:], np.degrees(f["mtheta"][:])
+        assert np.isfinite(f["ECAL"][:]).all()
+    assert ((10 <= e) & (e <= 500)).all() and ((70 <= theta) & (theta <= 110)).all()
+    proc = generate(1, tiny_run, tmp_path / "list.h5", "--events", "5", "--energy", "50", "150",
+                    "--energy-dist", "list", "--angle", "90")
+    assert proc.returncode == 0, proc.stderr
+    with h5py.File(tmp_path / "list.h5") as f:
+        assert f["energy"][:].tolist() == [50, 150, 50, 150, 50]
+        np.testing.assert_allclose(f["mtheta"][:], np.pi / 2, rtol=1e-6)
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["--events", "4", "--energy", "200", "100"], "--energy-dist uniform needs two values LOW HIGH"),
+    (["--events", "4", "--angle", "190"], "--angle 190 is out of range"),
+    (["--events", "0"], "--events 0: must be at least 1"),
+    (["--conditions", "missing.h5"], "--conditions missing.h5: no such file"),
+])
+def test_bad_input_is_exit_2_from_rank_0(tiny_run, tmp_path, extra, message):
+    proc = generate(2, tiny_run, tmp_path / "out.h5", *extra)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.count(message) == 1, proc.stderr
+    assert not (tmp_path / "out.h5").exists()
+
+
+def test_existing_output_is_kept(tiny_run, tmp_path):
+    (tmp_path / "out.h5").write_text("earlier results")
+    proc = generate(1, tiny_run, tmp_path / "out.h5", "--events", "2")
+    assert proc.returncode == 2 and "exists (give --overwrite" in proc.stderr
+    assert (tmp_path / "out.h5").read_text() == "earlier results"
+
+
+def test_export_onnx_matches_pytorch_at_two_batch_sizes(tiny_run, tmp_path):
+    proc = mpirun(1, ["-m", "mpilearn.export", str(tiny_run), "--output", str(tmp_path / "x")])
+    assert proc.returncode == 0, proc.stderr
+    assert "max |difference|" in proc.stdout
+    from mpilearn.calo.export import TOLERANCE, check_onnx, example_inputs
+    from mpilearn.calo.runs import load_task, resolve_checkpoint, run_config, shower_model
+
+    checkpoint = resolve_checkpoint(str(tiny_run))
+    model = shower_model(load_task(checkpoint, run_config(checkpoint))[0])
+    assert check_onnx(str(tmp_path / "x" / "generator.onnx"), model, (2, 9)) <= TOLERANCE
+    program = torch.export.load(str(tmp_path / "x" / "generator.pt2")).module()
+    for n in (1, 6):  # the torch.export program keeps the batch dynamic too
+        inputs = example_inputs(model, n)
+        with torch.inference_mode():
+            torch.testing.assert_close(program(*inputs), model(*inputs))
+
+
+def test_the_full_generator_exports_to_onnx(tmp_path):
+    """The reference-size angle generator (untrained): the graph ONNX Runtime must run."""
+    from mpilearn.calo.export import TOLERANCE, check_onnx, export_onnx
+    from mpilearn.calo.runs import ShowerModel
+    from mpilearn.models import gan3d
+
+    model = ShowerModel(gan3d.networks({"preset": "full"})[0], "angle")
+    export_onnx(model, str(tmp_path / "full.onnx"))
+    assert check_onnx(str(tmp_path / "full.onnx"), model, (1, 3)) <= TOLERANCE
+
+
+def test_keras_runs_generate_alike_and_are_not_exported(showers_dir, tmp_path):
+    run = tmp_path / "keras"
+    proc = mpirun(1, train_args("--set", f"model={REPO}/models/gan3d_keras.py",
+                                "--set", f"data.files=[{showers_dir}/*.h5]", "--set", "hparams.preset=small",
+                                "--set", "train.batch_size=8", "--set", "train.epochs=1",
+                                "--set", "train.max_steps_per_epoch=1", "--output", str(run)),
+                  env={"TF_CPP_MIN_LOG_LEVEL": "2"})
+    assert proc.returncode == 0, proc.stderr
+    args = ("--events", "6", "--batch-size", "4", "--energy", "120", "--angle", "80", "100")
+    one, two = generate(1, run, tmp_path / "one.h5", *args), generate(2, run, tmp_path / "two.h5", *args)
+    assert one.returncode == 0, one.stderr
+    assert two.returncode == 0, two.stderr
+    with h5py.File(tmp_path / "one.h5") as a, h5py.File(tmp_path / "two.h5") as b:
+        assert a["ECAL"].shape == (6, 51, 51, 25) and np.isfinite(a["ECAL"][:]).all()
+        np.testing.assert_array_equal(a["ECAL"][:], b["ECAL"][:])
+        assert (a["energy"][:] == 120).all()
+    proc = mpirun(1, ["-m", "mpilearn.export", str(run)])
+    assert proc.returncode == 2 and "Keras" in proc.stderr
+
+
+def test_a_run_directory_means_its_best_checkpoint_where_there_is_one(tmp_path):
+    from mpilearn.calo.runs import resolve_checkpoint
+
+    folder = tmp_path / "checkpoints"
+    folder.mkdir()
+    for name in ("ckpt-e0001-s0000000.pt", "ckpt-e0002-s0000000.pt"):
+        (folder / name).write_bytes(b"x" * 2048)
+    (folder / "latest").write_text("ckpt-e0002-s0000000.pt\n")
+    assert resolve_checkpoint(str(tmp_path), prefer_best=True).endswith("e0002-s0000000.pt")
+    (folder / "best").write_text("ckpt-e0001-s0000000.pt\n")  # a pointer, as 'latest'
+    assert resolve_checkpoint(str(tmp_path), prefer_best=True).endswith("e0001-s0000000.pt")
+    assert resolve_checkpoint(str(tmp_path)).endswith("e0002-s0000000.pt")  # validate: latest
+    (folder / "best").unlink()
+    (folder / "best").mkdir()  # or a folder of its own
+    (folder / "best" / "ckpt-e0001-s0000003.pt").write_bytes(b"x" * 2048)
+    assert resolve_checkpoint(str(folder / "best")).endswith("best/ckpt-e0001-s0000003.pt")
+    assert resolve_checkpoint(str(tmp_path), prefer_best=True).endswith("best/ckpt-e0001-s0000003.pt")

@@ -1,0 +1,82 @@
+"""Every stop signal checkpoints and says so (issue 28): SIGINT and SIGTERM to the launcher
+(through mpilearn-run, which the project controls: Open MPI's mpirun would SIGKILL the ranks
+0.5 s after either) or straight to the ranks (what srun, Hydra and scancel deliver) end a real
+2-rank job at the next step with one line, exit 75, and --resume auto ends where an
+uninterrupted run ends, bitwise."""
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from conftest import ENV, REPO, mpirun, mpirun_cmd
+from mpilearn.train import checkpoint as ckpt
+# the slow MLP run and its uninterrupted result (the module fixture ``whole``)
+from test_resume import args, final_weights, whole  # noqa: F401
+
+
+def signal_during_training(cmd, out, send):
+    """Starts ``cmd``; once the first epoch is logged, ``send(job)``; returns (rc, output)."""
+    job = subprocess.Popen(cmd, cwd=REPO, env=ENV, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True)
+    metrics = os.path.join(out, "metrics.jsonl")
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not os.path.exists(metrics) and job.poll() is None:
+        time.sleep(0.05)
+    if job.poll() is None:
+        send(job)
+    output, _ = job.communicate(timeout=120)
+    return job.returncode, output
+
+
+def assert_stopped_and_resumes(toy_file, out, whole, rc, output, name):
+    assert rc == 75, output
+    lines = [l for l in output.splitlines() if "stopped by" in l]
+    assert len(lines) == 1, output  # one message, from rank 0
+    assert lines[0].startswith(f"mpilearn: stopped by {name}; checkpoint {out}/checkpoints/ckpt-")
+    assert lines[0].endswith("; continue with --resume auto")
+    assert "Traceback" not in output
+    stopped = ckpt.load(ckpt.latest(os.path.join(out, "checkpoints")))
+    assert stopped["epoch"] < 3 and stopped["step_in_epoch"] > 0  # mid-epoch: the next step
+    assert lines[0].split("checkpoint ")[1].split(";")[0] == ckpt.latest(os.path.join(out, "checkpoints"))
+    proc = mpirun(2, args(toy_file, out) + ["--resume", "auto"])
+    assert proc.returncode == 0, proc.stderr
+    got, want = final_weights(out), final_weights(whole)
+    for k in want:
+        torch.testing.assert_close(got[k], want[k], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_signal_to_mpilearn_run_checkpoints_once_and_exits_75(toy_file, tmp_path, whole, sig):
+    out = str(tmp_path / "run")
+    cmd = [sys.executable, "-m", "mpilearn.run", "-np", "2", "--mpi-args=--oversubscribe",
+           sys.executable] + args(toy_file, out)
+    rc, output = signal_during_training(cmd, out, lambda job: job.send_signal(sig))
+    assert_stopped_and_resumes(toy_file, out, whole, rc, output, sig.name)
+
+
+def test_sigterm_to_every_rank_under_mpirun_exits_75(toy_file, tmp_path, whole):
+    """What scancel (all of a step's processes), srun and mpiexec (forwarding) deliver."""
+    out = str(tmp_path / "run")
+
+    def to_ranks(job):
+        ranks = subprocess.run(["pgrep", "-P", str(job.pid)], capture_output=True, text=True)
+        pids = [int(p) for p in ranks.stdout.split()]
+        assert len(pids) == 2, ranks.stdout
+        for pid in pids:
+            os.kill(pid, signal.SIGTERM)
+
+    rc, output = signal_during_training(mpirun_cmd(2, args(toy_file, out)), out, to_ranks)
+    assert_stopped_and_resumes(toy_file, out, whole, rc, output, "SIGTERM")
+
+
+def test_ctrl_c_to_a_single_process_run_checkpoints(toy_file, tmp_path, whole):
+    """``python -m mpilearn.train`` without a launcher: Ctrl-C is a stop signal too."""
+    out = str(tmp_path / "run")
+    cmd = [sys.executable] + args(toy_file, out)
+    rc, output = signal_during_training(cmd, out, lambda job: job.send_signal(signal.SIGINT))
+    assert rc == 75, output
+    assert output.count(f"mpilearn: stopped by SIGINT; checkpoint {out}/checkpoints/ckpt-") == 1

@@ -1,0 +1,114 @@
+"""Across two "nodes" (network namespaces with their own host names, a slurmd each; see
+two_nodes.py): node-local ranks, per-node device binding, mpilearn-run's host file, and the
+jobs/ scripts (srun and mpirun) with ranks on both nodes."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+import yaml
+
+from conftest import REPO, TESTS, mpirun, train_args
+from mpilearn.io import read_jsonl
+from mpilearn.train import checkpoint as ckpt
+from slurm_cluster import missing
+from test_slurm import submit
+from two_nodes import NODES, TwoNodes
+
+
+@pytest.fixture(scope="module")
+def nodes():
+    need = missing() + [t for t in ("ip", "nsenter", "unshare") if shutil.which(t) is None]
+    if os.geteuid() != 0 or need:
+        pytest.skip(f"*** TWO-NODE TESTS SKIPPED: need root and {', '.join(need) or 'root'} "
+                    "(make slurm-packages) ***")
+    cluster = TwoNodes().start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+        assert cluster.processes() == [], "SLURM daemons left running"
+
+
+def finished(cluster, tmp_path, job, timeout=300):
+    info = cluster.wait(job, timeout=timeout)
+    log = open(tmp_path / f"slurm-{job}.out").read()
+    assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0", log + cluster.logs()
+    return log
+
+
+def test_node_local_ranks_and_device_binding_with_srun_and_mpilearn_run(nodes, tmp_path):
+    hosts = tmp_path / "hosts"
+    hosts.write_text(f"{NODES[0]} slots=2\n{NODES[1]}:2  # both host file forms\n")
+    script = tmp_path / "placement.sbatch"
+    probe = os.path.join(TESTS, "scripts", "placement.py")
+    script.write_text(f"#!/bin/bash\nsource {REPO}/.venv/bin/activate\n"
+                      f"srun --mpi=pmix python {probe}\n"
+                      f"mpilearn-run -np 4 --hostfile {hosts} python {probe}\n")
+    log = finished(nodes, tmp_path, submit(nodes, tmp_path, str(script),
+                                           flags=["--nodes=2", "--ntasks-per-node=2"]))
+    lines = [json.loads(l.split(" ", 1)[1]) for l in log.splitlines() if l.startswith("placement ")]
+    assert len(lines) == 8, log
+    assert f"-H {NODES[0]}:2,{NODES[1]}:2" in log, log  # the host file, both forms, parsed
+    for launcher, group in (("srun", lines[:4]), ("mpirun", lines[4:])):
+        assert [(p["rank"], p["host"], p["local_rank"]) for p in group] == [
+            (0, NODES[0], 0), (1, NODES[0], 1), (2, NODES[1], 0), (3, NODES[1], 1)], group
+        # each node binds its own GPUs by node-local rank: cuda:0, cuda:1 on both
+        assert [p["device"] for p in group] == ["cuda:0", "cuda:1"] * 2
+        assert all(p["local_size"] == 2 and p["size"] == 4 for p in group)
+        assert f"launcher {launcher}, 4 process(es)" in group[0]["launch"]
+
+
+def test_the_sbatch_scripts_run_across_both_nodes(nodes, toy_file, tmp_path):
+    """jobs/train.sbatch (srun) and jobs/train-mpirun.sbatch resized to 2 nodes x 2 tasks
+    train exactly what 4 ranks on one machine train; jobs/hpo.sbatch places a 5-task sweep
+    (coordinator + 2 blocks x 2) on 3 + 2 tasks of the two nodes."""
+    cfg = {"model": f"{TESTS}/models/slow64.py", "hparams": {"sleep": 0.0},
+           "data": {"files": [toy_file]},
+           "train": {"epochs": 1, "batch_size": 16, "deterministic": True}}
+    config = tmp_path / "train.yaml"
+    config.write_text(yaml.safe_dump(cfg))
+    local = tmp_path / "local"
+    proc = mpirun(4, train_args("--config", str(config), "--output", str(local)))
+    assert proc.returncode == 0, proc.stderr
+    want = ckpt.load(ckpt.latest(str(local / "checkpoints")))["task"]["models"]["model"]
+    size = ["--nodes=2", "--ntasks-per-node=2"]
+    # and mpirun with staging to each node's own directory (MPILEARN_STAGE must reach node 2)
+    site = tmp_path / "site.yaml"
+    site.write_text(yaml.safe_dump({"launcher": "mpirun", "stage_to": nodes.path("nodetmp")}))
+    staged = tmp_path / "staged.sbatch"
+    rendered = subprocess.run([sys.executable, "-m", "mpilearn.jobs", "--config", str(config),
+                               "--site", str(site)], cwd=REPO, capture_output=True, text=True)
+    staged.write_text(rendered.stdout)
+    for script in ("train.sbatch", "train-mpirun.sbatch", str(staged)):
+        out = tmp_path / ("run-" + os.path.basename(script))
+        log = finished(nodes, tmp_path, submit(nodes, tmp_path, os.path.join(REPO, "jobs", script),
+                                               str(config), str(out), flags=size))
+        assert "4 process(es)" in log and "2 rank(s) on this node" in log, log
+        if script == str(staged):
+            assert "-x MPILEARN_STAGE" in staged.read_text()
+            for node in NODES:  # staged on each node, removed at the job's end
+                assert f"staged 1 file(s), 0.0 MiB, to {nodes.path('nodetmp')}" in log, log
+                assert f" on {node}\n" in log, log
+                left = [n for n in os.listdir(nodes.path(f"tmp-{node}")) if n.startswith("mpilearn-")]
+                assert left == [], left
+        got = ckpt.load(ckpt.latest(str(out / "checkpoints")))["task"]["models"]["model"]
+        for k in want:
+            torch.testing.assert_close(got[k], want[k], rtol=0, atol=0)
+
+    base = yaml.safe_load(open(os.path.join(REPO, "jobs", "hpo-mlp.yaml")))
+    sweep = {**cfg, "model": f"{TESTS}/models/slow.py", "train": {"epochs": 1, "batch_size": 128},
+             "search": {**base["search"], "budget": 2}}
+    path = tmp_path / "hpo.yaml"
+    path.write_text(yaml.safe_dump(sweep))
+    out = tmp_path / "sweep"
+    job = submit(nodes, tmp_path, os.path.join(REPO, "jobs", "hpo.sbatch"), str(path), str(out),
+                 flags=["--nodes=2", "--ntasks-per-node=3"])
+    log = finished(nodes, tmp_path, job)
+    hostfile = open(out / f"hosts-{job}").read().split()
+    assert hostfile == [NODES[0]] * 3 + [NODES[1]] * 2, hostfile
+    assert "the sweep uses 5 of the allocation's 6 task(s) on 2 node(s)" in log, log
+    assert len([r for r in read_jsonl(str(out / "journal.jsonl")) if r["event"] == "done"]) == 2
