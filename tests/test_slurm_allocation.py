@@ -17,8 +17,9 @@ from test_slurm import log_of, slurm, submit  # noqa: F401  (slurm: the cluster 
 
 def sweep_config(tmp_path, toy_file, blocks):
     base = yaml.safe_load(open(os.path.join(REPO, "jobs", "hpo-mlp.yaml")))
-    cfg = {"model": f"{TESTS}/models/slow.py", "hparams": {"sleep": 0.0},
-           "data": {"files": [toy_file]}, "train": {"epochs": 1, "batch_size": 128},
+    # 4 epochs of 8 steps of 0.1 s: a trial is still in flight when the test scancels
+    cfg = {"model": f"{TESTS}/models/slow.py", "hparams": {"sleep": 0.1},
+           "data": {"files": [toy_file]}, "train": {"epochs": 4, "batch_size": 64},
            "search": {**base["search"], "budget": 2, "blocks": blocks}}
     path = tmp_path / f"hpo-{blocks}.yaml"
     path.write_text(yaml.safe_dump(cfg))
@@ -27,7 +28,8 @@ def sweep_config(tmp_path, toy_file, blocks):
 
 def test_a_sweep_takes_its_ranks_from_the_allocation(slurm, toy_file, tmp_path):
     """jobs/hpo.sbatch was rendered for 5 tasks; sbatch --ntasks=3 runs a 1-block sweep on 3
-    ranks, and refuses a 2-block one at job start with one message naming both."""
+    ranks (through a scancel and a requeue), and refuses a 2-block one at job start with one
+    message naming both."""
     refused = submit(slurm, tmp_path, "hpo.sbatch", sweep_config(tmp_path, toy_file, 2),
                      str(tmp_path / "refused"), flags=["--ntasks=3"])
     info = slurm.wait(refused)
@@ -38,15 +40,32 @@ def test_a_sweep_takes_its_ranks_from_the_allocation(slurm, toy_file, tmp_path):
     assert "the allocation has 3 task(s) on 1 node(s)" in log and "search.blocks=1" in log, log
     assert not (tmp_path / "refused" / "journal.jsonl").exists()
 
+    # the journey: the resized sweep is scancelled mid-trial (SIGTERM to the step, what SLURM
+    # sends at the time limit), requeues itself, and ends with every trial once
     out = tmp_path / "fits"
     job = submit(slurm, tmp_path, "hpo.sbatch", sweep_config(tmp_path, toy_file, 1), str(out),
                  flags=["--ntasks=3"])
-    info = slurm.wait(job, timeout=300)
+    wait_for_epoch_anywhere(out)
+    slurm.run(["scancel", "--signal=TERM", job])
+    slurm.skip_requeue_hold(job)
+    info = slurm.wait(job, timeout=400)
     log = log_of(tmp_path, job)
     assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0", log + slurm.logs()
-    assert "launcher srun, 3 process(es)" in log, log
-    done = [r for r in read_jsonl(str(out / "journal.jsonl")) if r["event"] == "done"]
-    assert len(done) == 2, log
+    assert info["Restarts"] == "1" and "launcher srun, 3 process(es)" in log, log
+    events = read_jsonl(str(out / "journal.jsonl"))
+    interrupted = {r["key"] for r in events if r["event"] == "interrupted"}
+    done = [r["key"] for r in events if r["event"] == "done"]
+    assert interrupted and len(done) == 2 and len(set(done)) == 2 and interrupted <= set(done), log
+
+
+def wait_for_epoch_anywhere(sweep, timeout=240):
+    """Until some fold of the sweep has written its first epoch's metrics."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if list(sweep.glob("trials/*/fold*/metrics.jsonl")):
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"no fold of {sweep} wrote metrics within {timeout} s")
 
 
 def wait_for_epoch(path, epoch, timeout=240):
