@@ -22,7 +22,8 @@ import time
 import numpy as np
 
 from common import write
-from mpilearn.hpo.searchers import Prefetcher, make_searcher
+from mpilearn.hpo.prefetch import Prefetcher
+from mpilearn.hpo.searchers import make_searcher
 from mpilearn.hpo.space import Space
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -29,7 +29,8 @@ from common import write
 from mpilearn.hpo import benchmarks
 from mpilearn.hpo.coordinator import Coordinator, model_wait
 from mpilearn.hpo.journal import Journal
-from mpilearn.hpo.searchers import Prefetcher, make_searcher
+from mpilearn.hpo.prefetch import Prefetcher
+from mpilearn.hpo.searchers import make_searcher
 from mpilearn.hpo.space import Space, trial_key
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -12,7 +12,8 @@ import pytest
 import yaml
 
 from conftest import ENV, REPO, TESTS, mpirun_cmd
-from mpilearn.hpo.searchers import Prefetcher, make_searcher
+from mpilearn.hpo.prefetch import Prefetcher
+from mpilearn.hpo.searchers import make_searcher
 from mpilearn.hpo.space import Space
 from mpilearn.io import read_jsonl
 from objectives import curve_value

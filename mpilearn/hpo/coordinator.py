@@ -19,7 +19,7 @@ from .. import preempt
 from .journal import Journal, SweepState
 from .objective import losses
 from .pruners import NoPruner, make_pruner
-from .searchers import Prefetcher
+from .prefetch import Prefetcher
 from .space import trial_key
 
 TAG_BLOCK, TAG_TRIAL, TAG_PROGRESS, TAG_VERDICT = 11, 12, 13, 14

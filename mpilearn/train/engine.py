@@ -23,7 +23,7 @@ from .. import preempt
 from ..builders import load_builder
 from ..comm import check_on_root
 from ..config import dump
-from ..data.hdf5 import EventFiles, ShardedLoader, split_events
+from ..data.hdf5 import ShardedLoader
 from ..errors import TrainingStopped, UsageError
 from ..io import append_jsonl, read_jsonl
 from . import checkpoint as ckpt
@@ -31,8 +31,9 @@ from . import best, loggers, stops
 from .callbacks import BestCheckpoint, EarlyStopping, EpochLog, task_callbacks
 from .checks import (build_task, check_devices, check_framework, check_hparams, check_monitor,
                      check_output, check_precision, check_run_dir, clear_run_dir, default_output,
-                     dry_run, open_files, remove_stale_temp)
+                     dry_run, remove_stale_temp)
 from .evaluation import evaluate, test_pass
+from .setup import event_split, seed_and_determinism, shared_files
 from .strategies import EpochContext, make_strategy
 
 
@@ -72,16 +73,7 @@ class Trainer:
         # TensorFlow sizes its thread pools when it starts (maybe inside the model file)
         for var in ("TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS"):
             os.environ.setdefault(var, str(mcomm.threads_per_rank(ctx)))
-        torch.manual_seed(train["seed"])
-        np.random.seed(train["seed"])
-        if train["deterministic"]:
-            # cuBLAS is deterministic only with a fixed workspace, set before its first handle
-            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-            # warn_only: on CUDA some ops have no deterministic kernel (the 3DGAN's 3-D average
-            # pooling backward raised on an H100); they warn instead of ending the run
-            torch.use_deterministic_algorithms(True, warn_only=True)
-        # cuDNN picks the fastest convolution per input shape (the 3DGAN's shapes are fixed)
-        torch.backends.cudnn.benchmark = not train["deterministic"]
+        seed_and_determinism(train)
         builder = load_builder(config["model"])
         if "keras" in sys.modules:  # the model file uses Keras: its initialisers too
             import keras
@@ -94,24 +86,9 @@ class Trainer:
         self.task.compile_mode, self.task.channels_last = train["compile"], train["channels_last"]
 
         # 2. the data files, counted once by rank 0
-        files = check_on_root(comm, open_files, config, self.task)
-        meta = comm.bcast(None if files is None else
-                          [(f.paths, f.counts, sorted(f.optional_present)) if f else None
-                           for f in files], root=0)
-        self.train_files, self.val_files, self.test_files = (
-            EventFiles.from_counts(*m, keys=self.task.keys) if m else None for m in meta)
-        for files in (self.train_files, self.val_files, self.test_files):
-            if files is not None:
-                files.on_error = config["data"]["on_error"]
-        n = len(self.train_files)
-        if events is not None:
-            self.train_events, self.val_events = (np.asarray(e) for e in events)
-        elif self.val_files is None and config["data"]["val_fraction"] > 0:
-            self.train_events, self.val_events = split_events(
-                n, config["data"]["val_fraction"], train["seed"])
-        else:
-            self.train_events = np.arange(n)
-            self.val_events = np.arange(len(self.val_files)) if self.val_files else np.arange(0)
+        self.train_files, self.val_files, self.test_files = shared_files(config, self.task, comm)
+        self.train_events, self.val_events = event_split(config, self.train_files,
+                                                         self.val_files, events)
         self.val_source = self.val_files or self.train_files
         self.strategy = make_strategy(train, comm)
         if ctx.size < self.strategy.min_ranks:
