@@ -16,12 +16,16 @@ GAN = os.path.join(REPO, "models", "gan3d.py")
 
 @pytest.fixture(scope="module")
 def tiny_run(showers_dir, tmp_path_factory):
-    """A small-preset 3DGAN trained for one step: a run directory with a checkpoint."""
+    """A small-preset 3DGAN trained for one step: a run directory with its latest and best
+    checkpoints."""
     out = tmp_path_factory.mktemp("gen") / "run"
     proc = mpirun(1, train_args("--set", f"model={GAN}", "--set", f"data.files=[{showers_dir}/*.h5]",
                                 "--set", "hparams.preset=small", "--set", "train.batch_size=8",
                                 "--set", "train.epochs=1", "--set", "train.max_steps_per_epoch=1",
-                                "--set", "data.val_fraction=0.1", "--output", str(out)))
+                                "--set", "data.val_fraction=0.1",
+                                # keep a best checkpoint (without physics validation the GAN
+                                # has no default monitor), as a user selecting epochs would
+                                "--set", "train.best.monitor=val_g_loss", "--output", str(out)))
     assert proc.returncode == 0, proc.stderr
     return out
 
@@ -40,6 +44,9 @@ def test_one_and_two_ranks_give_the_same_showers_that_validate_reads(tiny_run, s
     assert one.returncode == 0, one.stderr
     assert two.returncode == 0, two.stderr
     assert "showers/s" in one.stdout and "on 2 rank(s)" in two.stdout
+    # the run directory means the best epoch that training kept
+    assert (tiny_run / "checkpoints" / "best.pt").is_file()
+    assert f"from {tiny_run / 'checkpoints' / 'best.pt'} " in one.stdout, one.stdout
     with h5py.File(tmp_path / "one.h5") as a, h5py.File(tmp_path / "two.h5") as b, \
             h5py.File(mc) as m:
         assert set(a) == set(b) == {"ECAL", "energy", "mtheta"}
@@ -149,6 +156,7 @@ def test_keras_runs_generate_alike_and_are_not_exported(showers_dir, tmp_path):
 
 def test_a_run_directory_means_its_best_checkpoint_where_there_is_one(tmp_path):
     from mpilearn.calo.runs import resolve_checkpoint
+    from mpilearn.train.best import BEST
 
     folder = tmp_path / "checkpoints"
     folder.mkdir()
@@ -156,11 +164,8 @@ def test_a_run_directory_means_its_best_checkpoint_where_there_is_one(tmp_path):
         (folder / name).write_bytes(b"x" * 2048)
     (folder / "latest").write_text("ckpt-e0002-s0000000.pt\n")
     assert resolve_checkpoint(str(tmp_path), prefer_best=True).endswith("e0002-s0000000.pt")
-    (folder / "best").write_text("ckpt-e0001-s0000000.pt\n")  # a pointer, as 'latest'
-    assert resolve_checkpoint(str(tmp_path), prefer_best=True).endswith("e0001-s0000000.pt")
+    (folder / BEST).write_bytes(b"x" * 2048)  # what train.best writes
+    assert resolve_checkpoint(str(tmp_path), prefer_best=True) == str(folder / BEST)
+    assert resolve_checkpoint(str(folder), prefer_best=True) == str(folder / BEST)
     assert resolve_checkpoint(str(tmp_path)).endswith("e0002-s0000000.pt")  # validate: latest
-    (folder / "best").unlink()
-    (folder / "best").mkdir()  # or a folder of its own
-    (folder / "best" / "ckpt-e0001-s0000003.pt").write_bytes(b"x" * 2048)
-    assert resolve_checkpoint(str(folder / "best")).endswith("best/ckpt-e0001-s0000003.pt")
-    assert resolve_checkpoint(str(tmp_path), prefer_best=True).endswith("best/ckpt-e0001-s0000003.pt")
+    assert resolve_checkpoint(str(folder / "latest")).endswith("e0002-s0000000.pt")

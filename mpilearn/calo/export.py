@@ -1,7 +1,7 @@
 """python -m mpilearn.export: a trained 3DGAN generator for use outside Python.
 
     python -m mpilearn.export runs/gan                   # -> runs/gan/export/
-    python -m mpilearn.export --checkpoint runs/gan/checkpoints/best --output gen/
+    python -m mpilearn.export --checkpoint runs/gan/checkpoints/best.pt --output gen/
 
 Writes ``generator.onnx`` (ONNX, for ONNX Runtime, e.g. from a C++ Geant4 fast-simulation
 hook) and ``generator.pt2`` (a ``torch.export`` program: ``torch.export.load(path).module()``),
@@ -86,7 +86,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m mpilearn.export", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("run", nargs="?", help="run directory (its best, else latest, checkpoint)")
-    p.add_argument("--checkpoint", help="checkpoint file, 'latest'/'best' pointer or folder")
+    p.add_argument("--checkpoint", help="checkpoint file (e.g. checkpoints/best.pt), 'latest' pointer or folder")
     p.add_argument("--config", help="the run's config.yaml (default: next to checkpoints/)")
     p.add_argument("--output", help="folder for generator.onnx and generator.pt2 "
                    "(default RUN/export)")

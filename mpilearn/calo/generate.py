@@ -3,10 +3,10 @@
     python -m mpilearn.generate runs/gan --events 10000 --output showers.h5
     python -m mpilearn.generate runs/gan --events 5000 --energy 10 500 --energy-dist log \\
         --angle 60 120 --output showers.h5
-    mpirun -np 4 python -m mpilearn.generate --checkpoint runs/gan/checkpoints/best \\
+    mpirun -np 4 python -m mpilearn.generate --checkpoint runs/gan/checkpoints/best.pt \\
         --conditions mc.h5 --output fast.h5 --precision bf16
 
-The generator comes from a run directory (its ``checkpoints/best`` when there is one, else the
+The generator comes from a run directory (its ``checkpoints/best.pt`` when there is one, else the
 latest checkpoint) or ``--checkpoint``; PyTorch and Keras runs alike. Conditions: ``--energy``
 (GeV) and ``--angle`` (degrees, the angle model only) take one value, a list (event i takes
 value i mod n) or, with ``--*-dist uniform|log``, a range of two values (two values default
@@ -219,7 +219,7 @@ def main(argv=None) -> int:
     p = RankZeroArgumentParser(prog="python -m mpilearn.generate", description=__doc__,
                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("run", nargs="?", help="run directory (its best, else latest, checkpoint)")
-    p.add_argument("--checkpoint", help="checkpoint file, 'latest'/'best' pointer or folder")
+    p.add_argument("--checkpoint", help="checkpoint file (e.g. checkpoints/best.pt), 'latest' pointer or folder")
     p.add_argument("--config", help="the run's config.yaml (default: next to checkpoints/)")
     p.add_argument("--output", required=True, help="HDF5 file to write")
     p.add_argument("--overwrite", action="store_true", help="replace an existing --output")

@@ -10,25 +10,18 @@ import torch
 from ..errors import UsageError
 from .format import GEOMETRY
 
-BEST = "best"  # checkpoints/best: the best epoch's checkpoint (a file, a pointer or a folder)
-
-
 def _best(folder: str):
-    from ..train import checkpoint as ckpt
+    """``train.best``'s checkpoint in a checkpoints folder (``best.pt``), if there is one."""
+    from ..train.best import BEST
 
     path = os.path.join(folder, BEST)
-    if os.path.isdir(path):
-        return ckpt.latest(path)
-    if os.path.isfile(path) and os.path.getsize(path) < 1024:  # a pointer, as ``latest``
-        with open(path) as f:
-            target = os.path.join(folder, f.read().strip())
-        return target if os.path.isfile(target) else None
     return path if os.path.isfile(path) else None
 
 
 def resolve_checkpoint(path: str, prefer_best: bool = False) -> str:
-    """A checkpoint file from a file, a ``latest``/``best`` pointer, a checkpoints folder or a
-    run directory; in a folder, ``best`` comes first with ``prefer_best``, else ``latest``."""
+    """A checkpoint file from a file, a ``latest`` pointer, a checkpoints folder or a run
+    directory; in a folder, ``best.pt`` (``train.best``) comes first with ``prefer_best``,
+    else the ``latest`` one."""
     from ..train import checkpoint as ckpt
 
     if os.path.isdir(path):
@@ -37,9 +30,8 @@ def resolve_checkpoint(path: str, prefer_best: bool = False) -> str:
             if found:
                 return found
         raise UsageError(f"no checkpoint in {path}")
-    if os.path.basename(path) in (ckpt.LATEST, BEST):
-        folder = os.path.dirname(path)
-        found = _best(folder) if os.path.basename(path) == BEST else ckpt.latest(folder)
+    if os.path.basename(path) == ckpt.LATEST:
+        found = ckpt.latest(os.path.dirname(path))
         if not found:
             raise UsageError(f"{path} points to no existing checkpoint")
         return found
