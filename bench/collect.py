@@ -30,7 +30,7 @@ def versions():
     from mpi4py import MPI
 
     return (f"Python {platform.python_version()}, torch {torch.__version__}, numpy {numpy.__version__}, "
-            f"mpi4py {mpi4py.__version__}, {MPI.Get_library_version().splitlines()[0].strip()}")
+            f"mpi4py {mpi4py.__version__}, {MPI.Get_library_version().splitlines()[0].strip("\x00 ")}")
 
 
 def main():

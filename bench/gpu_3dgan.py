@@ -245,7 +245,7 @@ def versions():
     from mpi4py import MPI
 
     from mpilearn.allreduce.mpi import cuda_aware
-    info["mpi"] = MPI.Get_library_version().splitlines()[0]
+    info["mpi"] = MPI.Get_library_version().splitlines()[0].strip("\x00 ")
     info["mpi_cuda_aware"] = cuda_aware()
     return info
 

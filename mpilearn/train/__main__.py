@@ -25,10 +25,13 @@ config keys (YAML; --set uses dotted names):
   train.epochs               1      train.batch_size (per rank)  32
   train.max_steps_per_epoch  0 (all; caps validation batches per rank too)
   train.backend              mpi | torch | horovod
-  train.algorithm            allreduce | downpour | easgd (rank 0 = master)
+  train.algorithm            allreduce | local_sgd | downpour | easgd (rank 0 = master)
   train.sync_every           1      train.elastic_force  0.5   train.max_staleness  0 (2 x workers)
   train.fusion_mb            25     tensor-fusion bucket size
   train.seed                 0      train.deterministic  false
+  train.precision            fp32 | bf16 (autocast; PyTorch models)
+  train.compile              off | default | reduce-overhead | max-autotune[-no-cudagraphs]
+  train.channels_last        auto (on for CUDA) | true | false
   train.lr_scaling           none | linear        train.warmup_epochs  0
   train.early_stopping.{monitor,patience,min_delta,mode}   val_loss, 0 (off), 0, inferred
   train.best.{monitor,mode}  auto (physics: sampling_fraction_mre, else val_loss) | none | a
