@@ -29,8 +29,9 @@ def versions():
     import torch
     from mpi4py import MPI
 
+    mpi = MPI.Get_library_version().splitlines()[0].strip("\x00 ")  # Open MPI ends it with a NUL
     return (f"Python {platform.python_version()}, torch {torch.__version__}, numpy {numpy.__version__}, "
-            f"mpi4py {mpi4py.__version__}, {MPI.Get_library_version().splitlines()[0].strip("\x00 ")}")
+            f"mpi4py {mpi4py.__version__}, {mpi}")
 
 
 def main():
