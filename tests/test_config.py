@@ -32,3 +32,25 @@ def test_int_accepted_for_float():
 
 def test_parse_set_yaml_values():
     assert parse_set(["a.b=[1, 2]", "c=true", "d=x"]) == {"a": {"b": [1, 2]}, "c": True, "d": "x"}
+
+
+def test_train_help_names_every_config_key():
+    """`python -m mpilearn.train --help` promises every key: each leaf of the schema is named
+    there, spelt out or inside a `prefix.{a,b}` group."""
+    import re
+
+    from mpilearn.config import SCHEMA
+    from mpilearn.train.__main__ import EPILOG
+
+    def leaves(tree, prefix=""):
+        for key, value in tree.items():
+            if isinstance(value, dict) and value:
+                yield from leaves(value, f"{prefix}{key}.")
+            else:
+                yield prefix + key
+
+    groups = {m.group(1): m.group(2).split(",")
+              for m in re.finditer(r"([\w.]+)\.\{([\w,]+)\}", EPILOG)}
+    missing = [k for k in leaves(SCHEMA) if k not in EPILOG
+               and k.rsplit(".", 1)[-1] not in groups.get(k.rsplit(".", 1)[0], ())]
+    assert not missing, f"train --help does not name {missing}"
