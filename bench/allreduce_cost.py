@@ -24,7 +24,7 @@ import gan3d  # noqa: E402
 import mpilearn.torch as hvd  # noqa: E402
 from common import RESULTS, median_seconds, write  # noqa: E402
 from mpilearn.allreduce.fusion import GradientReducer  # noqa: E402
-from mpilearn.comm import threads_per_rank  # noqa: E402
+from mpilearn.core.comm import threads_per_rank  # noqa: E402
 
 REPEATS = 40
 

@@ -7,30 +7,30 @@ __version__ = "0.1.0"
 
 
 def init(comm=None):
-    from .comm import init as _init
+    from .core.comm import init as _init
 
     return _init(comm)
 
 
 def rank() -> int:
-    from .comm import context
+    from .core.comm import context
 
     return context().rank
 
 
 def size() -> int:
-    from .comm import context
+    from .core.comm import context
 
     return context().size
 
 
 def local_rank() -> int:
-    from .comm import context
+    from .core.comm import context
 
     return context().local_rank
 
 
 def local_size() -> int:
-    from .comm import context
+    from .core.comm import context
 
     return context().local_size

@@ -38,7 +38,7 @@ def exit_status(err: BaseException, rank: int = 0) -> int:
     """The exit status for ``err``, after rank 0 printed its one line; an exception that is
     not one of mpilearn's is re-raised with its traceback (the job's abort handler ends every
     rank with it)."""
-    from .preempt import REQUEUE_EXIT, Preempted
+    from .cluster.preempt import REQUEUE_EXIT, Preempted
 
     if isinstance(err, Preempted):
         return REQUEUE_EXIT

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from conftest import ENV, REPO, TESTS, mpirun, mpirun_cmd, train_args
-from mpilearn.io import read_jsonl
+from mpilearn.core.io import read_jsonl
 from mpilearn.train import checkpoint as ckpt
 
 

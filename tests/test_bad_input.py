@@ -187,7 +187,7 @@ def test_a_corrupt_chunk_read_by_both_ranks_is_one_message_then_skip_resumes(tmp
 def test_a_failed_write_names_the_file_and_keeps_the_old_one(tmp_path):
     import errno
 
-    from mpilearn.io import WriteError, atomic_write_bytes
+    from mpilearn.core.io import WriteError, atomic_write_bytes
 
     path = tmp_path / "ckpt.pt"
     path.write_bytes(b"previous")

@@ -99,7 +99,7 @@ def test_a_metric_missing_from_an_epoch_is_skipped():
 
 
 def test_gan_best_monitor_follows_the_sampling_fraction_error():
-    from mpilearn.config import resolve
+    from mpilearn.core.config import resolve
     from mpilearn.models.gan3d import build
     from mpilearn.train.checks import check_monitor
 

@@ -7,7 +7,7 @@ import sys
 
 from conftest import ENV, REPO
 
-CORE = ["mpilearn.comm", "mpilearn.config", "mpilearn.optimize", "mpilearn.train.engine",
+CORE = ["mpilearn.core.comm", "mpilearn.core.config", "mpilearn.hpo.optimize", "mpilearn.train.engine",
         "mpilearn.train.__main__", "mpilearn.train.keras_tasks", "mpilearn.train.callbacks",
         "mpilearn.train.strategies", "mpilearn.hpo.coordinator", "mpilearn.hpo.searchers",
         "mpilearn.torch", "mpilearn.keras", "mpilearn.tensorflow.keras", "mpilearn.data.hdf5",

@@ -2,7 +2,7 @@
 import pytest
 
 from mpilearn import comm
-from mpilearn.comm import UsageError
+from mpilearn.core.comm import UsageError
 
 
 class FakePlacement:

@@ -1,8 +1,8 @@
 """Config validation: unknown keys with suggestions, types, choices, --set parsing."""
 import pytest
 
-from mpilearn.comm import UsageError
-from mpilearn.config import parse_set, resolve
+from mpilearn.core.comm import UsageError
+from mpilearn.core.config import parse_set, resolve
 
 
 def test_defaults_and_overrides():
@@ -39,7 +39,7 @@ def test_train_help_names_every_config_key():
     there, spelt out or inside a `prefix.{a,b}` group."""
     import re
 
-    from mpilearn.config import SCHEMA
+    from mpilearn.core.config import SCHEMA
     from mpilearn.train.__main__ import EPILOG
 
     def leaves(tree, prefix=""):

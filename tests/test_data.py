@@ -3,7 +3,7 @@ import h5py
 import numpy as np
 import pytest
 
-from mpilearn.comm import UsageError
+from mpilearn.core.comm import UsageError
 from mpilearn.data.hdf5 import EventFiles, ShardedLoader, split_events
 
 

@@ -206,7 +206,7 @@ def test_hvd_init_under_torchrun_raises():
 
 
 def test_mpilearn_run_builds_the_launch_command(tmp_path):
-    from mpilearn.run import build_command, parse_hosts, read_hostfile
+    from mpilearn.cluster.run import build_command, parse_hosts, read_hostfile
 
     hosts = parse_hosts("host1:2,host2:2")
     cmd = build_command(4, hosts, ["python", "train.py"], env={"PATH": "/x"}, flavour="openmpi")

@@ -11,11 +11,11 @@ import pytest
 import yaml
 
 from conftest import ENV, REPO, TESTS, mpirun, mpirun_cmd
-from mpilearn.comm import UsageError
+from mpilearn.core.comm import UsageError
 from mpilearn.hpo import benchmarks, layout
 from mpilearn.hpo.searchers import make_searcher
 from mpilearn.hpo.space import Space, apply, trial_key
-from mpilearn.io import read_jsonl
+from mpilearn.core.io import read_jsonl
 
 
 def test_layout_is_a_pure_function_with_helpful_errors():

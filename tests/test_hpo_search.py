@@ -15,7 +15,7 @@ from conftest import ENV, REPO, TESTS, mpirun_cmd
 from mpilearn.hpo.prefetch import Prefetcher
 from mpilearn.hpo.searchers import make_searcher
 from mpilearn.hpo.space import Space
-from mpilearn.io import read_jsonl
+from mpilearn.core.io import read_jsonl
 from objectives import curve_value
 from test_hpo import optimize
 
@@ -286,7 +286,7 @@ def test_kill9_of_mpirun_alone_then_resume(tmp_path):
 
 
 def _ranks_of(cfg):
-    out = subprocess.run(["pgrep", "-f", f"mpilearn.optimize --config {cfg}"],
+    out = subprocess.run(["pgrep", "-f", f"mpilearn.hpo.optimize --config {cfg}"],
                          capture_output=True, text=True).stdout.split()
     return [pid for pid in out if int(pid) != os.getpid()]
 

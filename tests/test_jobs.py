@@ -79,12 +79,12 @@ def test_sweep_layout_must_fill_the_gpus_and_bad_keys_are_named(tmp_path):
 def test_example_sweep_configs_are_valid(name):
     """The example sweeps resolve, and their objective, searcher, pruner and space are accepted
     (what rank 0 checks before any trial, short of reading data)."""
-    from mpilearn.config import hpo_schema, resolve
+    from mpilearn.core.config import hpo_schema, resolve
     from mpilearn.hpo import objective
     from mpilearn.hpo.pruners import make_pruner
     from mpilearn.hpo.searchers import make_searcher
     from mpilearn.hpo.space import Space
-    from mpilearn.builders import default_hparams
+    from mpilearn.core.builders import default_hparams
 
     config = resolve(os.path.join(REPO, "jobs", name), schema=hpo_schema(), require_model=False)
     s = config["search"]
@@ -115,7 +115,7 @@ def alloc(slots, gpus=0):
 
 
 def test_a_sweep_is_placed_on_the_allocation_it_gets_or_refused_naming_both():
-    from mpilearn.allocation import place_sweep
+    from mpilearn.cluster.allocation import place_sweep
 
     # the coordinator first, on node 0; then the training ranks in node order
     assert place_sweep(alloc([5]), 2, 2, "s.yaml") == [5]
@@ -142,7 +142,7 @@ def test_plan_outside_an_allocation_is_bad_input():
 
 def test_staging_keeps_same_named_files_apart_and_the_reader_opens_the_copies(tmp_path, monkeypatch):
     from mpilearn.data.hdf5 import EventFiles
-    from mpilearn.data.stage import ENV, local, stage
+    from mpilearn.cluster.stage import ENV, local, stage
     from mpilearn.data.toy import write_regression
 
     sources = [write_regression(str(tmp_path / d / "part.h5"), events=n, seed=n)

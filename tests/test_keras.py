@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from conftest import REPO, TESTS, kill9_after_mid_epoch_checkpoint, mpirun, train_args
-from mpilearn.io import read_jsonl
+from mpilearn.core.io import read_jsonl
 from mpilearn.train import checkpoint as ckpt
 
 SCRIPT = f"{TESTS}/scripts/keras_equivalence.py"

@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from conftest import ENV, REPO, mpirun_cmd, train_args
-from mpilearn.launcher import detect, tasks_on_node
+from mpilearn.cluster.launcher import detect, tasks_on_node
 
 MPICH = os.path.join(REPO, ".venv", "mpich")
 # a SLURM batch step: what mpirun inside an allocation inherits

@@ -173,7 +173,7 @@ def test_every_number_is_a_metric_an_hpo_objective_can_name():
     import sys
 
     from conftest import REPO
-    from mpilearn.config import resolve
+    from mpilearn.core.config import resolve
     from mpilearn.train.callbacks import logged_metrics
 
     sys.path.insert(0, os.path.join(REPO, "models"))

@@ -4,7 +4,7 @@ import numpy as np
 import optuna
 import pytest
 
-from mpilearn.comm import UsageError
+from mpilearn.core.comm import UsageError
 from mpilearn.hpo.pruners import SuccessiveHalvingPruner, make_pruner
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)

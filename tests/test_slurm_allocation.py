@@ -10,7 +10,7 @@ import torch
 import yaml
 
 from conftest import ENV, REPO, TESTS, mpirun, train_args
-from mpilearn.io import read_jsonl
+from mpilearn.core.io import read_jsonl
 from mpilearn.train import checkpoint as ckpt
 from test_slurm import log_of, slurm, submit  # noqa: F401  (slurm: the cluster fixture)
 

@@ -86,7 +86,7 @@ def test_compile_through_the_cli_keeps_plain_checkpoint_and_export_keys(toy_file
 
 
 def test_compile_and_layout_config_values():
-    from mpilearn.config import resolve
+    from mpilearn.core.config import resolve
     from mpilearn.train.checks import check_framework
 
     c = resolve(None, ["model=m", "train.compile=off", "train.channels_last=false"])

@@ -10,7 +10,7 @@ import time
 import yaml
 
 from conftest import ENV, REPO, TESTS, mpirun, mpirun_cmd, train_args
-from mpilearn.io import read_jsonl
+from mpilearn.core.io import read_jsonl
 
 
 def write(path, cfg):

@@ -12,7 +12,7 @@ import torch
 import yaml
 
 from conftest import REPO, TESTS, mpirun, train_args
-from mpilearn.io import read_jsonl
+from mpilearn.core.io import read_jsonl
 from mpilearn.train import checkpoint as ckpt
 from slurm_cluster import missing
 from test_slurm import submit

@@ -13,7 +13,7 @@ from typing import Iterable, List, Optional
 
 import torch
 
-from ..flat import FlatBuffer
+from ..core.flat import FlatBuffer
 
 
 def _aliases(grad: torch.Tensor, view: torch.Tensor) -> bool:

@@ -17,7 +17,7 @@ import os
 
 import torch
 
-from ..comm import mpi
+from ..core.comm import mpi
 
 # dtypes MPI can sum natively; others (bf16, fp16) are summed in float32
 _NATIVE = (torch.float32, torch.float64)

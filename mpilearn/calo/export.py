@@ -47,7 +47,7 @@ def _dynamic(model):
 
 def export_program(model, path: str) -> None:
     """``torch.export`` with a dynamic batch, saved with ``torch.export.save``."""
-    from ..io import atomic_write_bytes
+    from ..core.io import atomic_write_bytes
 
     program = torch.export.export(model, example_inputs(model, 3), dynamic_shapes=_dynamic(model))
     atomic_write_bytes(path, lambda f: torch.export.save(program, f))

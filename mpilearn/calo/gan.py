@@ -112,7 +112,7 @@ class GANProtocol:
         from ..errors import UsageError
 
         shape = GEOMETRY[self.variant]["shape"]
-        from ..data.stage import local
+        from ..cluster.stage import local
 
         for path in files.paths:
             with h5py.File(local(path), "r") as f:

@@ -31,9 +31,9 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from ..comm import check_on_root
+from ..core.comm import check_on_root
 from ..errors import UsageError, exit_status
-from ..launcher import RankZeroArgumentParser
+from ..cluster.launcher import RankZeroArgumentParser
 from .format import GEOMETRY
 from .runs import is_keras, load_task, resolve_checkpoint, run_config, shower_model
 
@@ -132,7 +132,7 @@ def prepare(args):
         raise UsageError(f"--output {args.output} exists (give --overwrite to replace it)")
     checkpoint = resolve_checkpoint(args.checkpoint or args.run, prefer_best=True)
     config = run_config(checkpoint, args.config)
-    from ..builders import load_builder
+    from ..core.builders import load_builder
 
     load_builder(config["model"])
     return SimpleNamespace(checkpoint=checkpoint, config=config, energy=energy, angle=angle)
@@ -243,7 +243,7 @@ def main(argv=None) -> int:
     args.angle_given = args.angle is not None
     args.angle = args.angle or [60.0, 120.0]
 
-    from .. import comm as mcomm
+    from ..core import comm as mcomm
 
     ctx = mcomm.init()
     try:
@@ -261,7 +261,7 @@ def main(argv=None) -> int:
         if ctx.rank == 0:
             import h5py
 
-            from ..io import atomic_write_bytes
+            from ..core.io import atomic_write_bytes
 
             def write_all(f):
                 n = len(table[0]) if table is not None else args.events

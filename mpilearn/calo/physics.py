@@ -187,7 +187,7 @@ def validate_task(task, files, events: np.ndarray, comm, folder: Optional[str],
 
                     result["plots"] = plot(mc, gan, folder, title=title,
                                            label="GAN" if generated is None else "generated")
-                from ..io import atomic_write_text
+                from ..core.io import atomic_write_text
 
                 atomic_write_text(os.path.join(folder, "validation.json"),
                                   json.dumps(result, indent=2))

@@ -53,7 +53,7 @@ def run_config(checkpoint: str, config: str = None) -> dict:
 
 def load_task(checkpoint: str, config: dict):
     """(the run's task with the checkpoint's weights on the CPU, "epoch E [+ S steps]")."""
-    from ..builders import load_builder
+    from ..core.builders import load_builder
     from ..train import checkpoint as ckpt
 
     task = load_builder(config["model"])(dict(config.get("hparams") or {}))

@@ -20,7 +20,7 @@ import sys
 import numpy as np
 from scipy.special import gammainc
 
-from ..launcher import RankZeroArgumentParser
+from ..cluster.launcher import RankZeroArgumentParser
 from .format import GEOMETRY, measured_angle_np
 
 Z_W = 74.0
@@ -119,7 +119,7 @@ def write_file(path: str, geometry: str, events: int, emin: float, emax: float, 
                chunk: int = 100, progress=None) -> None:
     import h5py
 
-    from ..io import atomic_write_bytes
+    from ..core.io import atomic_write_bytes
 
     g = GEOMETRY[geometry]
     energy = rng.uniform(emin, emax, events)

@@ -25,15 +25,15 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from ..launcher import RankZeroArgumentParser
-from ..comm import check_on_root
+from ..cluster.launcher import RankZeroArgumentParser
+from ..core.comm import check_on_root
 from ..errors import UsageError, exit_status
 from .runs import load_task, resolve_checkpoint, run_config
 
 
 def prepare(args):
     """Rank 0: check every input before anything is built or read."""
-    from ..builders import load_builder
+    from ..core.builders import load_builder
     from ..train.checks import expand_files
 
     if not args.checkpoint and not args.generated:
@@ -109,7 +109,7 @@ def main(argv=None) -> int:
     p.add_argument("--no-plots", action="store_true")
     args = p.parse_args(argv)
 
-    from .. import comm as mcomm
+    from ..core import comm as mcomm
 
     ctx = mcomm.init()
     try:
@@ -138,7 +138,7 @@ def main(argv=None) -> int:
         return exit_status(err, ctx.rank)
     if ctx.rank == 0:
         if args.json:
-            from ..io import atomic_write_text
+            from ..core.io import atomic_write_text
 
             atomic_write_text(args.json, json.dumps(result, indent=2))
         print(summary(result) + f"; results in {args.json or output}")

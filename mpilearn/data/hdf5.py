@@ -17,7 +17,7 @@ from typing import Callable, Dict, Iterator, List, Optional, Sequence
 import numpy as np
 
 from ..errors import UsageError
-from .stage import local
+from ..cluster.stage import local
 
 
 class DataError(OSError):

@@ -5,7 +5,7 @@ import os
 
 import numpy as np
 
-from ..io import atomic_write_bytes
+from ..core.io import atomic_write_bytes
 
 
 def write_regression(path: str, events: int = 4096, features: int = 8, seed: int = 0) -> str:

@@ -15,7 +15,7 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
-from .. import preempt
+from ..cluster import preempt
 from .journal import Journal, SweepState
 from .objective import losses
 from .pruners import NoPruner, make_pruner

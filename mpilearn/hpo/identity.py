@@ -36,7 +36,7 @@ def record(output: str, config: dict) -> Tuple[int, str]:
     one, a new ``config-history`` entry. Returns (number, path) of the config in force."""
     import yaml
 
-    from ..config import dump, flatten
+    from ..core.config import dump, flatten
 
     folder = os.path.join(output, HISTORY)
     os.makedirs(folder, exist_ok=True)

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Dict, List
 
-from ..io import append_jsonl, read_jsonl
+from ..core.io import append_jsonl, read_jsonl
 
 
 @dataclass

@@ -17,9 +17,9 @@ from typing import Optional
 
 import numpy as np
 
-from .. import preempt
+from ..cluster import preempt
 from ..errors import TrainingStopped, UsageError
-from ..builders import load_builder
+from ..core.builders import load_builder
 from .space import apply
 
 

@@ -6,7 +6,7 @@ import numpy as np
 
 
 def _rank() -> int:
-    from .. import comm as _comm
+    from ..core import comm as _comm
 
     return _comm.context().rank
 

@@ -15,8 +15,8 @@ from typing import List
 import keras
 import numpy as np
 
-from .. import comm as _comm
-from ..flat import reduce_tensors
+from ..core import comm as _comm
+from ..core.flat import reduce_tensors
 from ..torch.basics import global_process_set, state_of
 from ..torch.compression import Compression
 from ..torch.engine import Average

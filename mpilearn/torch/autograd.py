@@ -45,7 +45,7 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none, op=
 
 
 def _through_backend(tensor, op, comm, backend):
-    from .. import comm as _comm
+    from ..core import comm as _comm
     from .optimizer import get_backend
 
     if op not in (Average, Sum):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import atexit
 from typing import Dict, List, Optional, Sequence, Union
 
-from .. import comm as _comm
+from ..core import comm as _comm
 
 NOT_INITIALIZED = "Horovod has not been initialized; use hvd.init()."
 
@@ -138,7 +138,7 @@ def init(comm=None, process_sets=None):
     if _WORLD is None or (comm is not None and comm is not _WORLD.ctx.comm):
         ctx = _comm.init(comm)
         if comm is None:
-            from ..launcher import detect, mismatch
+            from ..cluster.launcher import detect, mismatch
 
             problem = mismatch(detect(), ctx.size)
             if problem is not None:

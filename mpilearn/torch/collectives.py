@@ -9,7 +9,7 @@ from typing import List, Optional
 import numpy as np
 import torch
 
-from .. import comm as _comm
+from ..core import comm as _comm
 from . import engine as E
 from .basics import global_process_set, state_of
 from .engine import (ALLGATHER, ALLREDUCE, ALLTOALL, BROADCAST, JOIN, REDUCESCATTER, Adasum,

@@ -21,7 +21,7 @@ from typing import Callable, Optional
 import numpy as np
 import torch
 
-from .. import comm as _comm
+from ..core import comm as _comm
 from . import timeline
 
 # reduction ops, with Horovod's values

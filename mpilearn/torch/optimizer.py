@@ -29,7 +29,7 @@ def set_default_backend(name: str) -> None:
 
 def get_backend(name: Optional[str] = None, comm=None, device: str = "cpu"):
     """One gradient transport per (name, communicator, device), created on first use."""
-    from .. import comm as _comm
+    from ..core import comm as _comm
 
     comm = comm if comm is not None else _comm.context().comm
     name = name or _BACKENDS["default"]

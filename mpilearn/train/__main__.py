@@ -11,7 +11,7 @@ import argparse
 import sys
 
 from ..errors import UsageError, exit_status
-from ..launcher import RankZeroArgumentParser
+from ..cluster.launcher import RankZeroArgumentParser
 
 EPILOG = """\
 config keys (YAML; --set uses dotted names):
@@ -83,11 +83,11 @@ def main(argv=None) -> int:
     args = parse_args(argv)
 
     def config(ctx):
-        from ..config import resolve
+        from ..core.config import resolve
 
         base = None
         if args.demo:
-            from ..defaults import default_config, ensure_data
+            from ..core.defaults import default_config, ensure_data
 
             base = default_config()
             ensure_data(ctx.comm)
@@ -97,11 +97,11 @@ def main(argv=None) -> int:
 
 
 def run(args, make_config, after=None) -> int:
-    """The body of every command that trains one run (this one, ``mpilearn.refit``): stop
+    """The body of every command that trains one run (this one, ``mpilearn.hpo.refit``): stop
     signals, MPI, the launcher check, ``make_config(ctx)``, the Trainer, then
     ``after(ctx, last epoch record)``; the exit status."""
-    from .. import comm as mcomm
-    from .. import preempt
+    from ..core import comm as mcomm
+    from ..cluster import preempt
 
     preempt.install()
     ctx = mcomm.init()

@@ -29,7 +29,7 @@ from typing import Dict, List, Optional
 import numpy as np
 import torch
 
-from ..flat import FlatBuffer
+from ..core.flat import FlatBuffer
 
 HEADER = 4                    # int64 slots before the payload
 TAG_EXCHANGE = 500            # + optimizer index
@@ -69,7 +69,7 @@ class Worker:
     def exchange(self, tensors) -> None:
         from mpi4py import MPI
 
-        from .. import preempt
+        from ..cluster import preempt
 
         start = time.perf_counter()
         flat = self.flat

@@ -19,7 +19,7 @@ import shutil
 from typing import Optional
 
 from ..errors import UsageError
-from ..io import atomic_write_bytes, atomic_write_text
+from ..core.io import atomic_write_bytes, atomic_write_text
 
 MODES = ("min", "max")
 BEST = "best.pt"

@@ -13,7 +13,7 @@ import math
 from typing import Callable, Optional
 
 from ..errors import UsageError
-from ..io import append_jsonl
+from ..core.io import append_jsonl
 from .best import improved
 
 

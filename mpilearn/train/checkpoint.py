@@ -15,7 +15,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from ..io import atomic_write_bytes, atomic_write_text
+from ..core.io import atomic_write_bytes, atomic_write_text
 
 LATEST = "latest"
 

@@ -10,8 +10,8 @@ import sys
 import time
 from typing import Iterable, Optional
 
-from .. import comm as mcomm
-from ..comm import fail_usage
+from ..core import comm as mcomm
+from ..core.comm import fail_usage
 from ..data.hdf5 import EventFiles
 from ..errors import UsageError
 
@@ -81,7 +81,7 @@ def compare_saved(saved: str, config: dict, safe: set, force: bool, what: str) -
     lists the changes accepted. Writes nothing."""
     import yaml
 
-    from ..config import flatten
+    from ..core.config import flatten
 
     if not os.path.exists(saved):
         return []
@@ -118,7 +118,7 @@ def check_hparams(model: str, hparams: dict) -> None:
     """Rank 0: a model that declares ``DEFAULTS`` takes no other hyperparameter (a typo would
     train with the default, silently), and the values it declares in ``HPARAMS`` are in range
     (``preset: smal`` would train the full model)."""
-    from ..builders import check_values, default_hparams
+    from ..core.builders import check_values, default_hparams
 
     declared = default_hparams(model)
     for name in hparams if declared else ():

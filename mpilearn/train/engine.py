@@ -18,14 +18,14 @@ from typing import Optional
 import numpy as np
 import torch
 
-from .. import comm as mcomm
-from .. import preempt
-from ..builders import load_builder
-from ..comm import check_on_root
-from ..config import dump
+from ..core import comm as mcomm
+from ..cluster import preempt
+from ..core.builders import load_builder
+from ..core.comm import check_on_root
+from ..core.config import dump
 from ..data.hdf5 import ShardedLoader
 from ..errors import TrainingStopped, UsageError
-from ..io import append_jsonl, read_jsonl
+from ..core.io import append_jsonl, read_jsonl
 from . import checkpoint as ckpt
 from . import best, loggers, stops
 from .callbacks import BestCheckpoint, EarlyStopping, EpochLog, task_callbacks

@@ -44,7 +44,7 @@ def test_pass(task, files, batch_size: int, comm, output: str, epoch: int) -> di
     """Collective, once after the last epoch: ``data.test_files`` through the validation pass
     (every event), appended to ``metrics.jsonl`` as ``{"test": ...}`` and written to
     ``test.json`` by rank 0."""
-    from ..io import append_jsonl, atomic_write_text
+    from ..core.io import append_jsonl, atomic_write_text
 
     scores = evaluate(task, files, np.arange(len(files)), batch_size, comm)
     result = {"epoch": epoch, "files": list(files.paths),

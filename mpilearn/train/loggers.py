@@ -18,7 +18,7 @@ import os
 from typing import Dict, List
 
 from ..errors import UsageError
-from ..io import atomic_write_text
+from ..core.io import atomic_write_text
 
 KINDS = ("jsonl", "tensorboard", "csv", "mlflow")
 

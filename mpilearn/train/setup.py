@@ -8,7 +8,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from ..comm import check_on_root
+from ..core.comm import check_on_root
 from ..data.hdf5 import EventFiles, split_events
 from .checks import open_files
 

@@ -8,8 +8,8 @@ from typing import Optional
 
 import numpy as np
 
-from .. import comm as mcomm
-from .. import preempt
+from ..core import comm as mcomm
+from ..cluster import preempt
 from ..data.hdf5 import DataError, one_message
 from ..errors import TrainingStopped
 

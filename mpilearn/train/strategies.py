@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Callable, Dict, Optional
 
 from ..errors import TrainingStopped
-from ..flat import reduce_tensors
+from ..core.flat import reduce_tensors
 from .adapters import adapter_for
 
 
@@ -210,7 +210,7 @@ class Asynchronous(Strategy):
                                                t["sync_every"]))
 
     def run_epoch(self, ec):
-        from .. import preempt
+        from ..cluster import preempt
 
         reason = self._serve(ec) if self.master is not None else self._work(ec)
         reason = self.comm.bcast(reason, root=0)
@@ -227,7 +227,7 @@ class Asynchronous(Strategy):
 
     def _serve(self, ec) -> Optional[str]:
         """The master's epoch; returns why it stopped early (None: it did not)."""
-        from .. import preempt
+        from ..cluster import preempt
 
         stats = self.master.serve_epoch(ec.steps * (self.comm.Get_size() - 1), ec.stop_requested)
         done = stats.pop("workers")

@@ -119,7 +119,7 @@ class Task:
         ``<name>.safetensors``, written atomically."""
         from safetensors.torch import save
 
-        from ..io import atomic_write_bytes
+        from ..core.io import atomic_write_bytes
 
         os.makedirs(folder, exist_ok=True)
         for name, model in self.models().items():

@@ -13,7 +13,7 @@ from typing import Any, Dict, Iterable, Optional
 
 import yaml
 
-from .errors import UsageError
+from ..errors import UsageError
 
 # key -> default. ``None`` marks a key that takes a string or nothing.
 SCHEMA: Dict[str, Any] = {

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 
-from .errors import UsageError  # noqa: F401  (re-exported: raised by the checks here)
+from ..errors import UsageError  # noqa: F401  (re-exported: raised by the checks here)
 
 
 @dataclass
@@ -73,7 +73,7 @@ def init(comm=None) -> Context:
 
 def check_launch(ctx: Context) -> str:
     """Checks that MPI agrees with the launcher (UsageError if not); returns a log line."""
-    from . import launcher
+    from ..cluster import launcher
 
     launch = launcher.detect()
     launcher.check(launch, ctx.rank, ctx.size)

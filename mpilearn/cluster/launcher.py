@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass
 from typing import Mapping, Optional
 
-from .errors import UsageError
+from ..errors import UsageError
 
 
 @dataclass(frozen=True)

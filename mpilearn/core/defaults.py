@@ -30,7 +30,7 @@ def default_config() -> dict:
 
 def ensure_data(comm) -> None:
     """Collective: rank 0 simulates the default dataset if it is not cached yet."""
-    from .calo.simulate import simulate
+    from ..calo.simulate import simulate
 
     folder = data_dir()
     if comm.Get_rank() == 0 and not glob.glob(os.path.join(folder, "*.h5")):

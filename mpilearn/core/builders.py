@@ -20,7 +20,7 @@ import os
 import re
 import sys
 
-from .errors import UsageError
+from ..errors import UsageError
 
 BUILDER = "build"
 

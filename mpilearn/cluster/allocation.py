@@ -9,7 +9,7 @@ import re
 import subprocess
 from typing import List, Mapping, Optional
 
-from .errors import UsageError
+from ..errors import UsageError
 from .launcher import tasks_per_node
 
 

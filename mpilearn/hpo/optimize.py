@@ -1,0 +1,317 @@
+"""python -m mpilearn.optimize: hyperparameter search over MPI.
+
+    mpirun -np 1+B*K*R python -m mpilearn.optimize --config hpo.yaml [--resume]
+
+Rank 0 is the coordinator (no device); B blocks each train one trial at a time, scored by
+K-fold cross-validation with the K folds on R ranks each, in parallel (or in sequence with
+``search.fold_mode: sequential``, np = 1+B*R). Outputs in the run directory:
+``journal.jsonl`` (every event), ``config.yaml``, ``trials/<key>/fold<k>/`` (each fold's
+own training run). ``--resume`` replays the journal, rebuilds the searcher and re-runs the
+trials that were in flight, each fold from its own checkpoint; ``--resume auto`` also starts
+a sweep that does not exist yet (requeued batch jobs); it refuses a changed config except
+budget, trial_timeout, blocks, enqueue unless --force (hpo/identity.py). SIGTERM, SIGINT or
+SIGUSR1 stops the sweep: no new trials, folds in flight checkpoint after their current step,
+exit status 75.
+Then ``python -m mpilearn.report RUN_DIR``, and ``python -m mpilearn.refit RUN_DIR`` (or
+``python -m mpilearn.optimize --refit RUN_DIR``) for the final model: the best trial trained on
+all data, scored on ``search.test_files``.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from ..cluster.launcher import RankZeroArgumentParser
+from ..core import comm as mcomm
+from ..cluster import preempt
+from ..core.comm import check_on_root
+from ..errors import UsageError, exit_status
+from . import layout
+from .coordinator import TAG_BLOCK, TAG_PROGRESS, TAG_TRIAL, TAG_VERDICT, Coordinator
+from .pruners import make_pruner
+
+
+def prepare(config: dict, world_size: int, resume, force: bool = False) -> dict:
+    """Rank 0, before any trial: layout, space, searcher, objective, data, model, output, and
+    on ``--resume`` the config against the sweep's (``hpo/identity.py``); only then is
+    anything written."""
+    from . import identity, objective
+    from .searchers import make_searcher
+    from .space import Space
+    from ..core.builders import default_hparams, load_builder
+
+    s = config["search"]
+    layout.check(world_size, s["blocks"], s["folds"], s["ranks_per_fold"], s["fold_mode"])
+    if s["budget"] < 1:
+        raise UsageError(f"search.budget must be at least 1, got {s['budget']}")
+    obj = objective.parse(config)
+    defaults, declared = {}, {}
+    n_events = None
+    if "callable" not in obj:
+        if not config["model"]:
+            raise UsageError("no model given: set 'model' (or a search.objective.function)")
+        from ..train.checks import check_hparams
+
+        declared = default_hparams(config["model"])
+        check_hparams(config["model"], config["hparams"])
+        defaults = {**declared, **config["hparams"]}
+        try:
+            task = load_builder(config["model"])(defaults)
+        except UsageError:
+            raise
+        except Exception as err:  # the builder's own error, before any trial
+            raise UsageError(f"model {config['model']}: build(hparams) failed with the default "
+                             f"hyperparameters: {type(err).__name__}: {err}") from None
+        from ..data.hdf5 import EventFiles
+        from ..train.callbacks import logged_metrics
+        from ..train.checks import expand_files
+
+        names = logged_metrics(task, config) | {objective.WALL}
+        for metric in obj["metrics"]:
+            if metric not in names:
+                raise UsageError(f"search.objective.metric '{metric}' is never logged by "
+                                 f"this model and config (logged: {', '.join(sorted(names))})")
+        files = EventFiles(expand_files(config["data"]["files"]), task.keys, task.optional_keys)
+        if hasattr(task, "check_files"):
+            task.check_files(files)
+        if config["data"]["test_files"]:
+            raise UsageError("data.test_files in a sweep: give them as search.test_files (never "
+                             "read by the search; python -m mpilearn.refit scores them)")
+        test = set(map(os.path.abspath, expand_files(s["test_files"])))
+        overlap = test & set(map(os.path.abspath, files.paths))
+        if overlap:
+            raise UsageError(f"test file(s) in data.files: {', '.join(sorted(overlap))}; the "
+                             "test files must never enter the search")
+        n_events = len(files)
+    space = Space.from_config(s["space"], defaults,
+                              known=set(declared) if "callable" not in obj else None)
+    if "callable" not in obj:
+        check_space_values(config["model"], space)
+    n_objectives = len(obj["directions"])
+    make_searcher(s["searcher"], space, s["seed"], n_objectives, **s["options"])
+    if s["pruner"] != "none" and n_objectives > 1:
+        raise UsageError(f"search.pruner {s['pruner']} judges one objective; this sweep has "
+                         f"{n_objectives} (set search.pruner: none)")
+    make_pruner(s["pruner"], obj["directions"][0], **s["pruner_options"])
+    check_points(s["enqueue"], space)
+    warm_start(s["warm_start"])
+    output = config["output"] or "runs/hpo"
+    journal = os.path.join(output, "journal.jsonl")
+    if os.path.exists(journal) and not resume:
+        raise UsageError(f"{output} already holds a sweep: use --resume, or another --output")
+    if resume == "latest" and not os.path.exists(journal):
+        raise UsageError(f"--resume: no sweep in {output} (no {journal}); --resume auto starts "
+                         "one when there is none")
+    notes = identity.check(output, config, force) if os.path.exists(journal) else []
+    os.makedirs(output, exist_ok=True)
+    number, path = identity.record(output, config)
+    return {"output": output, "n_events": n_events, "config": number, "config_path": path,
+            "notes": notes, "force": force}
+
+
+def check_space_values(model: str, space) -> None:
+    """The space's bounds and choices lie inside the values the model declares (``HPARAMS``):
+    a sweep whose trials would fail on a bad value is bad input before it starts."""
+    from ..core.builders import check_value, declared_values
+
+    rules = declared_values(model)
+    for p in space.params:
+        if p.name not in rules:
+            continue
+        ends = p.choices if p.type == "categorical" else (p.low, p.high)
+        for value in ends:
+            try:
+                check_value(p.name, value, rules[p.name])
+            except UsageError as err:
+                raise UsageError(f"search.space.{p.name}: {err}") from None
+
+
+def check_points(points, space) -> None:
+    """``search.enqueue``: every point names each parameter of the space, inside its range."""
+    for i, point in enumerate(points):
+        where = f"search.enqueue[{i}]"
+        if not isinstance(point, dict) or set(point) != set(space.names):
+            raise UsageError(f"{where} must give exactly the space's parameters "
+                             f"({', '.join(space.names)}), got {point!r}")
+        for p in space.params:
+            v = point[p.name]
+            ok = v in p.choices if p.type == "categorical" else (
+                isinstance(v, (int, float)) and not isinstance(v, bool) and p.low <= v <= p.high
+                and (p.type == "real" or float(v).is_integer()))
+            if not ok:
+                raise UsageError(f"{where}.{p.name} is {v!r}: outside the space ("
+                                 + (f"choices {p.choices}" if p.type == "categorical"
+                                    else f"{p.type} in [{p.low:g}, {p.high:g}]") + ")")
+
+
+def warm_start(run_dirs) -> list:
+    """The finished trials of earlier sweeps (``search.warm_start``): their ``done`` records."""
+    from .journal import Journal
+
+    records = []
+    for run_dir in run_dirs:
+        path = os.path.join(run_dir, "journal.jsonl")
+        if not os.path.exists(path):
+            raise UsageError(f"search.warm_start: {path} not found (give a sweep's run directory)")
+        state = Journal(path).replay()
+        records += [{**r, "params": state.started[k]["params"]}
+                    for k, r in state.finished.items() if r["status"] == "done"]
+    return records
+
+
+def run_block(config: dict, role, world, info: dict) -> None:
+    """Every non-coordinator rank: take trials from the coordinator until told to stop
+    (no trial left, or a stop signal)."""
+    from . import objective
+
+    s = config["search"]
+    obj = objective.parse(config)
+    block_comm = world.Split(role.block, role.block_rank)
+    workers = world.Split(1, world.Get_rank())  # everyone but the coordinator (color 0)
+    local = workers.Split_type(mcomm.mpi().COMM_TYPE_SHARED, key=workers.Get_rank())
+    if s["fold_mode"] == "parallel":
+        fold_comm = block_comm.Split(role.fold_group, role.fold_rank)
+        my_folds = [role.fold_group]
+    else:
+        fold_comm = block_comm
+        my_folds = list(range(s["folds"]))
+    # device binding follows the node-local rank among all workers, not within a fold
+    ctx = mcomm.Context(comm=fold_comm, local_comm=local)
+    result = None
+    while True:
+        trial = None
+        if role.block_rank == 0:
+            world.send({"block": role.block, "result": result}, dest=0, tag=TAG_BLOCK)
+            trial = world.recv(source=0, tag=TAG_TRIAL)
+        trial = block_comm.bcast(trial, root=0)
+        if trial is None:
+            return
+        folds = []
+        for fold in my_folds:
+            out = os.path.join(info["output"], "trials", trial["key"], f"fold{fold}")
+            on_epoch = _reporter(world, fold_comm, obj, trial["key"], fold) \
+                if s["pruner"] != "none" else None
+            r = objective.run_fold(config, trial["params"], fold, ctx, out, obj,
+                                   info["n_events"], on_epoch, key=trial["key"],
+                                   prior_wall=trial.get("prior_wall", {}).get(fold, 0.0),
+                                   force=info["force"])
+            folds.append({"fold": fold, **r})
+        # the block leader collects every fold leader's results
+        gathered = block_comm.gather(folds if fold_comm.Get_rank() == 0 else [], root=0)
+        if role.block_rank == 0:
+            flat = sorted((f for part in gathered for f in part), key=lambda f: f["fold"])
+            result = {"folds": flat, "wall": max(f["wall"] for f in flat)}
+
+
+def _reporter(world, fold_comm, obj, key, fold):
+    """Per-epoch callback: the fold leader sends the objective's value and asks the coordinator
+    whether to go on. Collective over the fold for training; a function objective calls it on
+    the fold leader alone."""
+    from .objective import PRUNE_KEY
+
+    metric = PRUNE_KEY if obj["metrics"] is None else obj["metrics"][0]
+
+    def report(record):
+        stop = False
+        if fold_comm.Get_rank() == 0 and record.get(metric) is not None:
+            world.send({"key": key, "fold": fold, "epoch": record["epoch"],
+                        "value": float(record[metric])}, dest=0, tag=TAG_PROGRESS)
+            stop = world.recv(source=0, tag=TAG_VERDICT)
+        return stop if obj["metrics"] is None else fold_comm.bcast(stop, root=0)
+
+    return report
+
+
+def summary(state, obj, coordinator, output: str) -> str:
+    from collections import Counter
+
+    counts = Counter(r["status"] for r in state.finished.values())
+    origins = Counter(state.started[k].get("origin") or "requeued" for k in state.started)
+    done = [r for r in state.finished.values() if r["status"] == "done"]
+    sign = obj["signs"][0]
+    best = min(done, key=lambda r: sign * r["value"]) if done and len(obj["signs"]) == 1 else None
+    verb = "stopped" if coordinator.stop_requested else "finished"
+    return (f"mpilearn: sweep {verb}: {len(state.finished)} trials ("
+            + ", ".join(f"{counts[s]} {s}" for s in ("done", "pruned", "failed") if counts[s]
+                        or s != "pruned") + ")"
+            + (f"; best {best['value']:.5g} with {best['params']}" if best else "")
+            + f"; suggestions: {', '.join(f'{n} {o}' for o, n in sorted(origins.items()))}"
+            + f"; results in {output}")
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if "--refit" in argv:  # --refit RUN [--trial KEY]: the same as python -m mpilearn.refit RUN
+        from .refit import main as refit
+
+        argv.remove("--refit")
+        return refit(argv)
+    p = RankZeroArgumentParser(prog="python -m mpilearn.optimize", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", required=True, help="sweep config (YAML): training keys + 'search'")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--output", help="run directory (overrides 'output')")
+    p.add_argument("--resume", nargs="?", const="latest", choices=("latest", "auto"),
+                   help="continue the sweep in the run directory; 'auto': or start it")
+    p.add_argument("--force", action="store_true",
+                   help="with --resume: continue although the config changed in what the "
+                        "trials are (space, searcher, objective, folds, data, model, training)")
+    p.add_argument("--no-progress", action="store_true")
+    args = p.parse_args(argv)
+    preempt.install()
+    ctx = mcomm.init()
+    world = ctx.comm
+    try:
+        line = mcomm.check_launch(ctx)
+        if ctx.rank == 0:
+            print(line, flush=True)
+        from ..core.config import hpo_schema, resolve
+
+        sets = list(args.set) + ([f"output={args.output}"] if args.output else [])
+        config = resolve(args.config, sets, schema=hpo_schema(), require_model=False)
+        info = world.bcast(check_on_root(world, prepare, config, world.Get_size(), args.resume,
+                                           args.force), root=0)
+        for note in info["notes"] if ctx.rank == 0 else ():
+            print(note, flush=True)
+    except Exception as err:  # mpilearn's own errors become statuses; others abort the job
+        return exit_status(err, ctx.rank)
+    s = config["search"]
+    role = layout.role(world.Get_rank(), world.Get_size(), s["blocks"], s["folds"],
+                       s["ranks_per_fold"], s["fold_mode"])
+    if role.coordinator:
+        world.Split(mcomm.mpi().UNDEFINED, 0)  # block communicators: not ours
+        world.Split(0, 0)                       # the workers' communicator: not ours
+        from .journal import Journal
+        from .searchers import make_searcher
+        from .space import Space
+        from ..core.builders import default_hparams
+
+        from . import objective
+
+        journal = Journal(os.path.join(info["output"], "journal.jsonl"))
+        state = journal.replay()
+        obj = objective.parse(config)
+        defaults = {**default_hparams(config["model"]), **config["hparams"]} if config["model"] else {}
+        searcher = make_searcher(s["searcher"], Space.from_config(s["space"], defaults), s["seed"],
+                                 len(obj["directions"]), **s["options"])
+        pruner = make_pruner(s["pruner"], obj["directions"][0], **s["pruner_options"])
+        coordinator = Coordinator(world, config, searcher, journal, state, s["blocks"],
+                                  progress=not args.no_progress, pruner=pruner, objective=obj,
+                                  warm_start=warm_start(s["warm_start"]),
+                                  config_id=info["config"])
+        state = coordinator.run()
+        print(summary(state, obj, coordinator, info["output"]), flush=True)
+    else:
+        run_block(config, role, world, info)
+    # every rank leaves with the same status: 75 (requeue me) if any rank saw a stop signal
+    stopped = world.allreduce(preempt.mask(), op=mcomm.mpi().BOR)
+    if stopped and ctx.rank == 0:
+        journal = os.path.join(info["output"], "journal.jsonl")
+        print(f"mpilearn: stopped by {preempt.describe(stopped)}; checkpoint {journal} (each "
+              "interrupted fold has its own); continue with --resume auto", flush=True)
+    return preempt.REQUEUE_EXIT if stopped else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,274 @@
+"""python -m mpilearn.report RUN_DIR: what a sweep found, from its journal.
+
+Writes into RUN_DIR/report/:
+
+- ``best.json``: counts by status, the best trial (one objective) or the Pareto front (several),
+  parameter importances, block utilisation, suggestion origins, and the refit (its directory,
+  trial and test scores) once ``python -m mpilearn.refit`` ran;
+- ``trials.csv``: one row per trial, numbered as the journal numbers them (the plots use the same
+  numbers): status, objective value(s), std and per-fold values, the step a pruned trial stopped
+  at, wall time, origin, parameters, failure reason;
+- ``convergence.png``: every trial's value and the best so far, by trial number;
+- ``parameters.png``: the objective against each parameter (log axes for log-scale parameters,
+  integer ticks for integer ones);
+- ``intermediate.png``: each trial's per-epoch value (mean over its folds), pruned ones marked;
+- ``importance.png``: parameter importance (a random forest's impurity importance, scikit-learn);
+- ``pareto.png`` (several objectives): every trial in the first two objectives, the front joined;
+- ``utilisation.png``: the block timeline; utilisation counts only the time jobs ran (the gaps
+  between a stopped job and its resume are left out).
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import sys
+from collections import Counter
+
+import numpy as np
+
+from .journal import Journal
+from ..core.io import atomic_write_text, read_jsonl
+
+
+def trials(run_dir: str):
+    state = Journal(os.path.join(run_dir, "journal.jsonl")).replay()
+    rows = []
+    for key in state.order:
+        start, end = state.started[key], state.finished.get(key) or {}
+        values = end.get("values", [end["value"]] if end.get("value") is not None else None)
+        rows.append({"trial": start["trial"], "key": key, "params": start["params"],
+                     "status": end.get("status", "in flight"), "values": values,
+                     "value": values[0] if values and end.get("status") == "done" else None,
+                     "std": end.get("std"), "fold_values": end.get("fold_values"),
+                     "step": end.get("step"), "wall": end.get("wall"),
+                     "origin": start.get("origin", ""), "reason": end.get("reason", "")})
+    return sorted(rows, key=lambda r: r["trial"])
+
+
+def utilisation(run_dir: str):
+    """Per block: (start, end) intervals of trials; and busy time over the time the sweep's
+    jobs ran (each job from its start to its last event) times the blocks."""
+    events = read_jsonl(os.path.join(run_dir, "journal.jsonl"))
+    starts, spans, jobs = {}, {}, []
+    seen_blocks = len({e["block"] for e in events if e["event"] == "started"}) or 1
+    for e in events:
+        kind = e["event"]
+        if kind == "job" or not jobs:  # journals from before 'job' events: one job
+            jobs.append([e["time"], e["time"], e.get("blocks", seen_blocks)])
+        jobs[-1][1] = e["time"]
+        if kind == "started":
+            starts[e["key"]] = (e["time"], e["block"])
+        elif kind in ("done", "failed", "pruned", "interrupted") and e["key"] in starts:
+            t0, block = starts.pop(e["key"])
+            spans.setdefault(block, []).append((t0, e["time"]))
+    if not spans:
+        return spans, None
+    busy = sum(e - s for v in spans.values() for s, e in v)
+    capacity = sum((t1 - t0) * blocks for t0, t1, blocks in jobs)
+    return spans, busy / capacity if capacity > 0 else None
+
+
+def pareto_front(rows, signs):
+    """The done trials that no other done trial dominates (in minimised terms)."""
+    done = [r for r in rows if r["status"] == "done"]
+    loss = [np.array(r["values"]) * signs for r in done]
+    return [r for i, r in enumerate(done)
+            if not any(np.all(o <= loss[i]) and np.any(o < loss[i]) for o in loss)]
+
+
+def importance(rows, space):
+    """Random-forest impurity importance of each parameter for the (first) objective, on the
+    unit-cube encoding of the done trials; None with fewer than 5 of them."""
+    done = [r for r in rows if r["status"] == "done"]
+    if len(done) < 5 or space is None:
+        return None
+    from sklearn.ensemble import RandomForestRegressor
+
+    X = np.array([space.encode(r["params"]) for r in done])
+    y = np.array([r["values"][0] for r in done])
+    forest = RandomForestRegressor(n_estimators=200, random_state=0).fit(X, y)
+    return dict(zip(space.names, map(float, forest.feature_importances_)))
+
+
+def refit(run_dir: str):
+    """The sweep's final model (``python -m mpilearn.refit``): where, which trial, test scores."""
+    path = os.path.join(run_dir, "refit.json")
+    return json.load(open(path)) if os.path.exists(path) else None
+
+
+def _space(run_dir):
+    import yaml
+
+    from .space import Space
+
+    path = os.path.join(run_dir, "config.yaml")
+    if not os.path.exists(path):
+        return None, ["minimize"]
+    config = yaml.safe_load(open(path))
+    s = config.get("search", {})
+    try:
+        space = Space.from_config(s.get("space") or {})
+    except Exception:  # a report never fails on an old or odd config
+        space = None
+    directions = (s.get("objective") or {}).get("direction", "minimize")
+    return space, directions if isinstance(directions, list) else [directions]
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m mpilearn.report", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("run_dir")
+    args = p.parse_args(argv)
+    if not os.path.exists(os.path.join(args.run_dir, "journal.jsonl")):
+        sys.stderr.write(f"mpilearn: error: {args.run_dir}/journal.jsonl not found\n")
+        return 2
+    out = os.path.join(args.run_dir, "report")
+    os.makedirs(out, exist_ok=True)
+    rows = trials(args.run_dir)
+    space, directions = _space(args.run_dir)
+    n_obj = max([len(r["values"]) for r in rows if r["status"] == "done" and r["values"]]
+                or [1])
+    if len(directions) == 1:
+        directions = directions * n_obj
+    signs = np.array([1.0 if d == "minimize" else -1.0 for d in directions])
+    names = sorted({k for r in rows for k in r["params"]})
+    with open(os.path.join(out, "trials.csv"), "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["trial", "key", "status", "value", "values", "std", "fold_values",
+                    "pruned_at_step", "wall_s", "origin", *names, "reason"])
+        for r in rows:
+            w.writerow([r["trial"], r["key"], r["status"], r["value"], json.dumps(r["values"]),
+                        r["std"], json.dumps(r["fold_values"]), r["step"], r["wall"],
+                        r["origin"], *[r["params"].get(n) for n in names],
+                        r["reason"].splitlines()[0] if r["reason"] else ""])
+    done = [r for r in rows if r["status"] == "done"]
+    best = min(done, key=lambda r: signs[0] * r["value"]) if done and n_obj == 1 else None
+    front = pareto_front(rows, signs) if n_obj > 1 else []
+    spans, util = utilisation(args.run_dir)
+    weights = importance(rows, space)
+    summary = {"trials": len(rows), **Counter(r["status"] for r in rows),
+               "directions": list(directions),
+               "best": best and {k: best[k] for k in ("trial", "key", "value", "std", "params")},
+               "pareto": [{k: r[k] for k in ("trial", "key", "values", "params")} for r in front],
+               "importance": weights, "block_utilisation": util,
+               "origins": dict(Counter(r["origin"] or "requeued" for r in rows)),
+               "refit": refit(args.run_dir)}
+    atomic_write_text(os.path.join(out, "best.json"), json.dumps(summary, indent=2))
+    plots(out, rows, done, names, space, directions, signs, front, spans, util, weights,
+          read_jsonl(os.path.join(args.run_dir, "journal.jsonl")))
+    if best:
+        print(f"best {best['value']:.6g} +- {best['std']:.2g}: {best['params']} "
+              f"(trial {best['trial']})")
+    if front:
+        print(f"Pareto front: {len(front)} trial(s): {sorted(r['trial'] for r in front)}")
+    if summary["refit"]:
+        r = summary["refit"]
+        scores = {k: v for k, v in (r.get("test") or {}).items()
+                  if k.startswith("test_") and isinstance(v, float)}
+        print(f"refit: {r['output']} (trial {r['trial']}"
+              + "".join(f"; {k} {v:.5g}" for k, v in scores.items()) + ")")
+    print(f"{len(rows)} trials; report in {out}")
+    return 0
+
+
+def plots(out, rows, done, names, space, directions, signs, front, spans, util, weights, events):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    label = f"objective ({directions[0]})"
+
+    def save(fig, name):
+        fig.tight_layout()
+        fig.savefig(os.path.join(out, name), dpi=80)
+        plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    numbers = [r["trial"] for r in rows]
+    vals = np.array([r["value"] if r["status"] == "done" else np.nan for r in rows], float)
+    loss = np.where(np.isnan(vals), np.inf, signs[0] * vals)
+    best_so_far = signs[0] * np.minimum.accumulate(loss) if len(loss) else loss
+    ax.plot(numbers, vals, "o", alpha=0.5, label="trial")
+    ax.step(numbers, np.where(np.isinf(best_so_far), np.nan, best_so_far), where="post",
+            label="best so far")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set(xlabel="trial (as numbered in trials.csv)", ylabel=label)
+    ax.legend()
+    save(fig, "convergence.png")
+
+    params = {p.name: p for p in space.params} if space is not None else {}
+    fig, axes = plt.subplots(1, max(1, len(names)), figsize=(4 * max(1, len(names)), 3.8),
+                             squeeze=False)
+    for ax, name in zip(axes[0], names):
+        xs = [r["params"][name] for r in done]
+        ys = [r["value"] for r in done]
+        spec = params.get(name)
+        if spec is not None and spec.type == "categorical" or (xs and isinstance(xs[0], str)):
+            cats = sorted(set(map(str, xs)))
+            ax.boxplot([[y for x, y in zip(xs, ys) if str(x) == c] for c in cats])
+            ax.set_xticks(range(1, len(cats) + 1), cats)
+        else:
+            ax.scatter(xs, ys, s=14)
+            if spec is not None and spec.log:
+                ax.set_xscale("log")
+            if spec is not None and spec.type == "int":
+                ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set(xlabel=name, ylabel=label)
+    fig.suptitle("objective vs each parameter")
+    save(fig, "parameters.png")
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    curves = {}
+    for e in events:
+        if e["event"] == "progress":
+            curves.setdefault(e["key"], {}).setdefault(e["epoch"], []).append(e["value"])
+    status = {r["key"]: r["status"] for r in rows}
+    for key, by_step in curves.items():
+        steps = sorted(by_step)
+        pruned = status.get(key) == "pruned"
+        ax.plot(steps, [np.mean(by_step[s]) for s in steps], "-", lw=1,
+                color="tab:red" if pruned else "tab:blue", alpha=0.6)
+    ax.plot([], [], color="tab:blue", label="complete")
+    ax.plot([], [], color="tab:red", label="pruned")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set(xlabel="epoch (step)", ylabel="value (mean over folds)",
+           title="intermediate values" + ("" if curves else ": none reported (no pruner)"))
+    ax.legend()
+    save(fig, "intermediate.png")
+
+    fig, ax = plt.subplots(figsize=(6, 0.5 * max(2, len(names)) + 1.5))
+    if weights:
+        order = sorted(weights, key=weights.get)
+        ax.barh(order, [weights[n] for n in order])
+    ax.set(xlabel="importance (random forest)",
+           title="parameter importance" + ("" if weights else ": too few done trials"))
+    save(fig, "importance.png")
+
+    if len(signs) > 1:
+        fig, ax = plt.subplots(figsize=(6, 5))
+        ax.scatter([r["values"][0] for r in done], [r["values"][1] for r in done], s=14,
+                   alpha=0.5, label="trial")
+        pts = sorted((r["values"][0], r["values"][1]) for r in front)
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", color="tab:red",
+                label="Pareto front")
+        ax.set(xlabel=f"objective 0 ({directions[0]})", ylabel=f"objective 1 ({directions[1]})")
+        ax.legend()
+        save(fig, "pareto.png")
+
+    fig, ax = plt.subplots(figsize=(9, 0.6 * max(2, len(spans)) + 1.5))
+    t0 = min((s for v in spans.values() for s, _ in v), default=0)
+    for block, intervals in sorted(spans.items()):
+        ax.broken_barh([(s - t0, e - s) for s, e in intervals], (block - 0.4, 0.8))
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set(xlabel="seconds since the first trial", ylabel="block",
+           title=f"block utilisation {util:.1%} (while jobs ran)" if util is not None
+           else "block utilisation")
+    save(fig, "utilisation.png")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
