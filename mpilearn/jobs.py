@@ -1,4 +1,5 @@
-"""``python -m mpilearn.jobs``: the short entry point of batch-job rendering; the code is in :mod:`mpilearn.cluster.jobs`."""
+"""``python -m mpilearn.jobs``: the short entry point of batch-job rendering;
+the code is in :mod:`mpilearn.cluster.jobs`."""
 import sys
 
 from .cluster.jobs import main

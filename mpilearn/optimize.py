@@ -1,4 +1,5 @@
-"""``python -m mpilearn.optimize``: the short entry point of the sweep; the code is in :mod:`mpilearn.hpo.optimize`."""
+"""``python -m mpilearn.optimize``: the short entry point of the sweep;
+the code is in :mod:`mpilearn.hpo.optimize`."""
 import sys
 
 from .hpo.optimize import main

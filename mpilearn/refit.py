@@ -1,4 +1,5 @@
-"""``python -m mpilearn.refit``: the short entry point of the best trial's final model; the code is in :mod:`mpilearn.hpo.refit`."""
+"""``python -m mpilearn.refit``: the short entry point of the best trial's final model;
+the code is in :mod:`mpilearn.hpo.refit`."""
 import sys
 
 from .hpo.refit import main

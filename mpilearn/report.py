@@ -1,4 +1,5 @@
-"""``python -m mpilearn.report``: the short entry point of a sweep's report; the code is in :mod:`mpilearn.hpo.report`."""
+"""``python -m mpilearn.report``: the short entry point of a sweep's report;
+the code is in :mod:`mpilearn.hpo.report`."""
 import sys
 
 from .hpo.report import main

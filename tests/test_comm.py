@@ -1,7 +1,7 @@
 """Device binding rules and the node-local split."""
 import pytest
 
-from mpilearn import comm
+from mpilearn.core import comm
 from mpilearn.core.comm import UsageError
 
 

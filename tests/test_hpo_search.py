@@ -286,7 +286,7 @@ def test_kill9_of_mpirun_alone_then_resume(tmp_path):
 
 
 def _ranks_of(cfg):
-    out = subprocess.run(["pgrep", "-f", f"mpilearn.hpo.optimize --config {cfg}"],
+    out = subprocess.run(["pgrep", "-f", f"mpilearn.optimize --config {cfg}"],
                          capture_output=True, text=True).stdout.split()
     return [pid for pid in out if int(pid) != os.getpid()]
 

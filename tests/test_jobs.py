@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from conftest import REPO
-from mpilearn import jobs
+from mpilearn.cluster import jobs
 
 
 def render(*args, cwd=REPO):

@@ -43,7 +43,7 @@ SITE = {
     "sbatch": [],             # extra #SBATCH lines, e.g. ["--constraint=a100"]
 }
 
-ENTRY = {"train": "mpilearn.train", "hpo": "mpilearn.hpo.optimize"}
+ENTRY = {"train": "mpilearn.train", "hpo": "mpilearn.optimize"}
 
 # the ready scripts in jobs/: file -> (kind, config, launcher), rendered for site-example.yaml
 EXAMPLES = {

@@ -3,7 +3,7 @@ it would bind with two GPUs per node, its CPU threads), for the two-node tests."
 import json
 import socket
 
-from mpilearn import comm
+from mpilearn.core import comm
 
 ctx = comm.init()
 line = {"rank": ctx.rank, "size": ctx.size, "host": socket.gethostname(),
