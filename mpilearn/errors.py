@@ -7,7 +7,8 @@ Library code raises; only the ``main()`` functions call :func:`exit_status`. The
 3      training cannot usefully continue (:class:`TrainingStopped`): NaN, empty generator,
        a failed data read, a trial past its time limit; the last good state is checkpointed
 75     stopped by a signal (``preempt.Preempted``: SIGTERM, SIGINT, SIGUSR1): checkpointed,
-       run again with ``--resume auto`` (``preempt.REQUEUE_EXIT``)
+       run again with ``--resume auto`` (``preempt.REQUEUE_EXIT``); a signal before the first
+       step (``preempt.StoppedBeforeStart``) saves nothing and says so
 =====  =====================================================================================
 """
 from __future__ import annotations
@@ -38,8 +39,10 @@ def exit_status(err: BaseException, rank: int = 0) -> int:
     """The exit status for ``err``, after rank 0 printed its one line; an exception that is
     not one of mpilearn's is re-raised with its traceback (the job's abort handler ends every
     rank with it)."""
-    from .cluster.preempt import REQUEUE_EXIT, Preempted
+    from .cluster.preempt import REQUEUE_EXIT, Preempted, StoppedBeforeStart
 
+    if isinstance(err, StoppedBeforeStart):  # (after a start, the Trainer says it, with the path)
+        _say(rank, f"mpilearn: {err}")
     if isinstance(err, Preempted):
         return REQUEUE_EXIT
     if isinstance(err, TrainingStopped):

@@ -1,0 +1,94 @@
+"""The first seconds and the last line (issue 34): every CLI's --help without torch or
+TensorFlow; a stop signal during the ranks' start-up ends with one mpilearn line, no signal
+name from the launcher, and status 75."""
+import glob
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import ENV, REPO, TESTS
+
+CLIS = ("train", "optimize", "jobs", "generate", "validate", "export", "simulate", "refit",
+        "report", "run")
+
+# runs ``python -m MODULE --help`` with importing torch, tensorflow or keras raising; an import
+# tried and swallowed (an optional dependency probed) still fails the run, at exit
+NO_FRAMEWORKS = r"""
+import atexit, os, runpy, sys
+tried = []
+class Refuse:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("torch", "tensorflow", "keras"):
+            tried.append(name)
+            raise ImportError(f"importing {name} is refused here")
+def report():
+    if tried:
+        sys.stderr.write(f"imported {sorted(set(tried))}\n")
+        sys.stderr.flush()
+        os._exit(97)
+atexit.register(report)
+sys.meta_path.insert(0, Refuse())
+sys.argv = [sys.argv[1], "--help"]
+runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
+"""
+
+
+@pytest.mark.parametrize("cli", CLIS)
+def test_help_imports_no_framework(cli):
+    proc = subprocess.run([sys.executable, "-c", NO_FRAMEWORKS, f"mpilearn.{cli}"], cwd=REPO,
+                          env=ENV, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("usage:") and "--help" in proc.stdout, proc.stdout
+
+
+def _ranks_of(launcher_pid):
+    """The rank processes under mpilearn-run (its child is mpirun; theirs, the ranks)."""
+    pids = []
+    for parent in subprocess.run(["pgrep", "-P", str(launcher_pid)], capture_output=True,
+                                 text=True).stdout.split():
+        pids += subprocess.run(["pgrep", "-P", parent], capture_output=True,
+                               text=True).stdout.split()
+    return pids
+
+
+def test_ctrl_c_to_mpilearn_run_during_the_ranks_imports(toy_file, tmp_path):
+    """Ctrl-C as soon as the ranks exist (still importing): before this fix the forwarded
+    SIGUSR1 killed them ("exited on signal 10 (User defined signal 1)", exit 138)."""
+    import signal
+
+    out = str(tmp_path / "run")
+    cmd = [sys.executable, "-m", "mpilearn.run", "-np", "2", sys.executable, "-m",
+           "mpilearn.train", "--no-progress", "--set", f"model={TESTS}/models/slow.py",
+           "--set", f"data.files=[{toy_file}]", "--set", "train.epochs=1", "--output", out]
+    job = subprocess.Popen(cmd, cwd=REPO, env=ENV, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 60
+    while len(_ranks_of(job.pid)) < 2 and time.monotonic() < deadline and job.poll() is None:
+        time.sleep(0.01)
+    job.send_signal(signal.SIGINT)
+    output, _ = job.communicate(timeout=120)
+    assert job.returncode == 75, output
+    ours = [l for l in output.splitlines() if l.startswith("mpilearn") and "stopped" in l]
+    assert ours == ["mpilearn: stopped by SIGINT before the first step; nothing to save; run "
+                    "again with --resume auto"], output
+    assert "signal 10" not in output and "User defined signal" not in output, output
+    assert "SIGUSR1" not in output and "Traceback" not in output, output
+    assert not glob.glob(os.path.join(out, "**", "*.pt"), recursive=True)  # nothing saved
+
+
+def test_mpilearn_run_quiets_the_launchers_that_can_be_quieted():
+    """Open MPI 4's orterun takes --quiet (no block after mpilearn's message); Open MPI 5 and
+    Hydra have no such switch, and get none."""
+    from mpilearn.cluster.run import build_command, flavour_of
+
+    here = subprocess.run(["mpirun", "--version"], capture_output=True, text=True).stdout
+    assert flavour_of(here) == "openmpi" and "(Open MPI) 5." in here, here
+    assert flavour_of("mpirun (Open MPI) 4.1.6\n\nReport bugs to ...") == "openmpi-orte"
+    assert flavour_of("HYDRA build details:\n    Version: 4.2.0") == "hydra"
+    orte = build_command(2, None, ["python", "t.py"], env={}, flavour="openmpi-orte")
+    assert "--quiet" in orte and orte[-2:] == ["python", "t.py"]
+    for flavour in ("openmpi", "hydra"):
+        assert "--quiet" not in build_command(2, None, ["python"], env={}, flavour=flavour)
