@@ -1,6 +1,7 @@
 """The first seconds and the last line (issue 34): every CLI's --help without torch or
 TensorFlow; a stop signal during the ranks' start-up ends with one mpilearn line, no signal
-name from the launcher, and status 75."""
+name from the launcher, and status 75; a sweep whose every trial failed exits 4, its last
+line saying why and where; the launchers' own block quieted where a switch exists."""
 import glob
 import os
 import subprocess
@@ -9,7 +10,7 @@ import time
 
 import pytest
 
-from conftest import ENV, REPO, TESTS
+from conftest import ENV, REPO, TESTS, mpirun
 
 CLIS = ("train", "optimize", "jobs", "generate", "validate", "export", "simulate", "refit",
         "report", "run")
@@ -77,6 +78,38 @@ def test_ctrl_c_to_mpilearn_run_during_the_ranks_imports(toy_file, tmp_path):
     assert "signal 10" not in output and "User defined signal" not in output, output
     assert "SIGUSR1" not in output and "Traceback" not in output, output
     assert not glob.glob(os.path.join(out, "**", "*.pt"), recursive=True)  # nothing saved
+
+
+def test_a_sweep_whose_every_trial_failed_exits_4_naming_the_failure(toy_file, tmp_path):
+    """Every trial crashes (rank 1 raises at its third step): status 4, and the last line
+    names the failure and where the last such trial's traceback, output and runs are."""
+    import json
+
+    import yaml
+
+    out = tmp_path / "sweep"
+    cfg = {"model": f"{TESTS}/models/crash.py", "data": {"files": [toy_file]},
+           "train": {"epochs": 1, "batch_size": 16, "max_steps_per_epoch": 4},
+           "output": str(out),
+           "search": {"searcher": "random", "budget": 2, "blocks": 1, "folds": 1,
+                      "space": {"lr": {"type": "real", "low": 1e-3, "high": 1e-2}}}}
+    path = tmp_path / "hpo.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    proc = mpirun(2, ["-m", "mpilearn.optimize", "--config", str(path), "--no-progress"])
+    assert proc.returncode == 4, proc.stderr
+    events = [json.loads(l) for l in open(out / "journal.jsonl")]
+    failed = [e for e in events if e["event"] == "failed"]
+    assert len(failed) == 2 and not any(e["event"] == "done" for e in events)
+    key = failed[-1]["key"]
+    # mpilearn's last line (Open MPI 5 adds its own block after it: README)
+    last = [l for l in proc.stderr.splitlines() if l.startswith("mpilearn")][-1]
+    assert last == (
+        "mpilearn: sweep failed: no trial succeeded: 2 of 2 failed with RuntimeError: "
+        f"deliberate failure at step 3; the last of them, trial {key}, has its traceback in "
+        f"{out}/journal.jsonl (its 'failed' event), its output in the lines marked "
+        f"[trial {key} fold N] and its runs in {out}/trials/{key}"), proc.stderr
+    assert "deliberate failure at step 3" in failed[-1]["reason"]
+    assert os.path.isdir(out / "trials" / key / "fold0")
 
 
 def test_mpilearn_run_quiets_the_launchers_that_can_be_quieted():
