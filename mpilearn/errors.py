@@ -6,8 +6,11 @@ Library code raises; only the ``main()`` functions call :func:`exit_status`. The
 2      bad input (:class:`UsageError`): one message, from rank 0, before expensive work
 3      training cannot usefully continue (:class:`TrainingStopped`): NaN, empty generator,
        a failed data read, a trial past its time limit; the last good state is checkpointed
+4      a sweep in which no trial succeeded (:class:`SweepFailed`): its last line names the
+       most common failure and where that trial's traceback and output are
 75     stopped by a signal (``preempt.Preempted``: SIGTERM, SIGINT, SIGUSR1): checkpointed,
-       run again with ``--resume auto`` (``preempt.REQUEUE_EXIT``)
+       run again with ``--resume auto`` (``preempt.REQUEUE_EXIT``); a signal before the first
+       step (``preempt.StoppedBeforeStart``) saves nothing and says so
 =====  =====================================================================================
 """
 from __future__ import annotations
@@ -16,6 +19,7 @@ import sys
 
 USAGE_EXIT = 2
 STOPPED_EXIT = 3
+SWEEP_FAILED_EXIT = 4
 
 
 class UsageError(Exception):
@@ -34,17 +38,26 @@ class TrainingStopped(Exception):
     globally reduced values)."""
 
 
+class SweepFailed(Exception):
+    """A sweep ended with no successful trial (every one failed): the message says why."""
+
+
 def exit_status(err: BaseException, rank: int = 0) -> int:
     """The exit status for ``err``, after rank 0 printed its one line; an exception that is
     not one of mpilearn's is re-raised with its traceback (the job's abort handler ends every
     rank with it)."""
-    from .cluster.preempt import REQUEUE_EXIT, Preempted
+    from .cluster.preempt import REQUEUE_EXIT, Preempted, StoppedBeforeStart
 
+    if isinstance(err, StoppedBeforeStart):  # (after a start, the Trainer says it, with the path)
+        _say(rank, f"mpilearn: {err}")
     if isinstance(err, Preempted):
         return REQUEUE_EXIT
     if isinstance(err, TrainingStopped):
         _say(rank, f"mpilearn: training stopped: {err}")
         return STOPPED_EXIT
+    if isinstance(err, SweepFailed):
+        _say(rank, f"mpilearn: sweep failed: {err}")
+        return SWEEP_FAILED_EXIT
     if isinstance(err, UsageError):
         if not err.quiet:
             _say(rank, f"mpilearn: error: {err}")

@@ -204,9 +204,15 @@ def test_trial_time_limit(toy_file, tmp_path):
     path = tmp_path / "hpo.yaml"
     path.write_text(yaml.safe_dump(cfg))
     proc = optimize(2, path)
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == 4, proc.stderr  # no trial succeeded: a failed sweep
     failed = [r for r in read_jsonl(str(tmp_path / "sweep" / "journal.jsonl")) if r["event"] == "failed"]
     assert len(failed) == 2 and all("time limit" in r["reason"] for r in failed)
+    out, key = tmp_path / "sweep", failed[-1]["key"]
+    assert [l for l in proc.stderr.splitlines() if l.startswith("mpilearn")][-1] == (
+        "mpilearn: sweep failed: no trial succeeded: 2 of 2 failed with TrainingStopped: the "
+        f"trial ran past its time limit; the last of them, trial {key}, has its traceback in "
+        f"{out}/journal.jsonl (its 'failed' event), its output in the lines marked [trial {key} "
+        f"fold N] and its runs in {out}/trials/{key}"), proc.stderr
 
 
 @pytest.mark.parametrize("np_,search,message", [

@@ -21,10 +21,10 @@ import os
 import sys
 
 import numpy as np
-import torch
 
 from ..errors import UsageError, exit_status
-from .runs import load_task, resolve_checkpoint, run_config, shower_model
+
+# torch (and .runs, which imports it) is imported where used, so that --help stays quick
 
 NAMES = {"angle": ["noise", "energy", "angle"], "fixed": ["noise", "energy"]}
 TOLERANCE = 1e-4  # of each shower's largest cell
@@ -32,6 +32,8 @@ TOLERANCE = 1e-4  # of each shower's largest cell
 
 def example_inputs(model, n: int, seed: int = 0) -> tuple:
     """Inputs of ``n`` events in the exported layout (energies 10-500 GeV, angles 60-120 deg)."""
+    import torch
+
     g = torch.Generator().manual_seed(seed)
     latent = model.generator.dense.in_features - (2 if model.variant == "angle" else 0)
     out = [torch.randn(n, latent, generator=g), 0.1 + 4.9 * torch.rand(n, generator=g)]
@@ -41,12 +43,16 @@ def example_inputs(model, n: int, seed: int = 0) -> tuple:
 
 
 def _dynamic(model):
+    import torch
+
     batch = torch.export.Dim("batch")
     return {name: {0: batch} for name in NAMES[model.variant]}
 
 
 def export_program(model, path: str) -> None:
     """``torch.export`` with a dynamic batch, saved with ``torch.export.save``."""
+    import torch
+
     from ..core.io import atomic_write_bytes
 
     program = torch.export.export(model, example_inputs(model, 3), dynamic_shapes=_dynamic(model))
@@ -55,6 +61,8 @@ def export_program(model, path: str) -> None:
 
 def export_onnx(model, path: str) -> None:
     """ONNX through the dynamo exporter (needs ``onnxscript``), batch dimension dynamic."""
+    import torch
+
     tmp = path + ".tmp.onnx"
     program = torch.onnx.export(model, example_inputs(model, 3), dynamo=True, verbose=False,
                                 dynamic_shapes=_dynamic(model), input_names=NAMES[model.variant],
@@ -67,6 +75,7 @@ def check_onnx(path: str, model, batches=(1, 7)) -> float:
     """Runs ``path`` in ONNX Runtime (CPU) on the inputs PyTorch gets; returns the largest
     |ONNX - PyTorch| over each shower's largest cell, over every shower of ``batches``."""
     import onnxruntime
+    import torch
 
     session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
     worst = 0.0
@@ -94,6 +103,8 @@ def main(argv=None) -> int:
     p.add_argument("--no-check", dest="check", action="store_false",
                    help="skip the ONNX Runtime comparison")
     args = p.parse_args(argv)
+    from .runs import load_task, resolve_checkpoint, run_config, shower_model
+
     try:
         if not (args.run or args.checkpoint):
             raise UsageError("give a run directory or --checkpoint")

@@ -34,8 +34,8 @@ import numpy as np
 from ..core.comm import check_on_root
 from ..errors import UsageError, exit_status
 from ..cluster.launcher import RankZeroArgumentParser
-from .format import GEOMETRY
-from .runs import is_keras, load_task, resolve_checkpoint, run_config, shower_model
+
+# .format and .runs import torch: they are imported where used, so that --help stays quick
 
 CONDITION_KEY = 2  # the per-event RNG purpose of drawn conditions (training 0, noise 1)
 
@@ -114,6 +114,8 @@ def prepare(args):
     """Rank 0, before any model is built: the arguments, the checkpoint, the output."""
     import torch
 
+    from .runs import resolve_checkpoint, run_config
+
     if not (args.run or args.checkpoint):
         raise UsageError("give a run directory or --checkpoint")
     if args.events is not None and args.events < 1:
@@ -140,6 +142,8 @@ def prepare(args):
 
 def plan_conditions(args, plan, task):
     """Rank 0, with the model: the conditions the variant takes, read or described."""
+    from .runs import is_keras
+
     angle_key = task.preprocess.angle_key if task.variant == "angle" else None
     if args.precision == "bf16" and is_keras(task):
         raise UsageError("--precision bf16 needs a PyTorch run (Keras: fp32)")
@@ -154,6 +158,8 @@ def produce(task, plan, table, args, comm, write=None):
     """Collective: every rank generates batches k = rank, rank + ranks, ...; rank 0 gathers
     each round in order and calls ``write(start, energy, angle, cells_gev)``."""
     import torch
+
+    from .runs import is_keras, shower_model
 
     rank, size = comm.Get_rank(), comm.Get_size()
     n = len(table[0]) if table is not None else args.events
@@ -199,6 +205,8 @@ def produce(task, plan, table, args, comm, write=None):
 
 def _writer(h5, task, n: int, compress: bool = True):
     """Datasets for ``n`` events in ``h5``; returns write(start, energy, angle, cells_gev)."""
+    from .format import GEOMETRY
+
     g = GEOMETRY[task.variant]
     opts = {"compression": "gzip", "compression_opts": 1} if compress else {}
     ecal = h5.create_dataset("ECAL", (n, *g["shape"]), "float32", chunks=(1, *g["shape"]), **opts)
@@ -248,6 +256,8 @@ def main(argv=None) -> int:
     ctx = mcomm.init()
     try:
         import torch
+
+        from .runs import load_task
 
         args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
         if args.device == "cuda" and torch.cuda.is_available():

@@ -18,10 +18,10 @@ import os
 import sys
 
 import numpy as np
-from scipy.special import gammainc
 
 from ..cluster.launcher import RankZeroArgumentParser
-from .format import GEOMETRY, measured_angle_np
+
+# .format imports torch, scipy is slow to import: both are imported where used, so that --help stays quick
 
 Z_W = 74.0
 EC_GEV = 0.0094          # effective critical energy of the W/Si stack
@@ -41,6 +41,8 @@ SPOTS = 1500
 
 def longitudinal(energy: np.ndarray, sin_theta: np.ndarray, rng) -> tuple:
     """Per-event fraction of the energy deposited in each of the 25 layers, and T (X0)."""
+    from scipy.special import gammainc
+
     ln_y = np.log(energy / EC_GEV)
     mean_ln_t = np.log(np.maximum(np.exp(np.log(ln_y - 0.812)) - 0.55 / F_S - 0.69 * (1 - E_HAT), 0.5))
     mean_ln_a = np.log(np.maximum(0.81 + (0.458 + 2.26 / Z_W) * ln_y - 0.476 / F_S, 1.1))
@@ -120,6 +122,7 @@ def write_file(path: str, geometry: str, events: int, emin: float, emax: float, 
     import h5py
 
     from ..core.io import atomic_write_bytes
+    from .format import GEOMETRY, measured_angle_np
 
     g = GEOMETRY[geometry]
     energy = rng.uniform(emin, emax, events)

@@ -28,13 +28,14 @@ import numpy as np
 from ..cluster.launcher import RankZeroArgumentParser
 from ..core.comm import check_on_root
 from ..errors import UsageError, exit_status
-from .runs import load_task, resolve_checkpoint, run_config
+# .runs imports torch: it is imported where used, so that --help stays quick
 
 
 def prepare(args):
     """Rank 0: check every input before anything is built or read."""
     from ..core.builders import load_builder
     from ..train.checks import expand_files
+    from .runs import resolve_checkpoint, run_config
 
     if not args.checkpoint and not args.generated:
         raise UsageError("give --checkpoint (generate showers) or --generated (read them)")
@@ -110,6 +111,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
 
     from ..core import comm as mcomm
+    from .runs import load_task
 
     ctx = mcomm.init()
     try:

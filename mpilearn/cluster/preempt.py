@@ -9,6 +9,11 @@ records the signal; the training loop and the HPO coordinator poll :func:`reques
 points (between steps, between trials), agree on it collectively, save, and exit with
 :data:`REQUEUE_EXIT`, which the ``jobs/`` scripts turn into ``scontrol requeue``. A second
 SIGINT (Ctrl-C twice) raises KeyboardInterrupt: stop now, without a checkpoint.
+
+Start-up: the CLIs install the handler before anything heavy is imported, and each process
+then creates ``<note>.<pid>`` beside the note file: ``mpilearn-run`` holds a stop signal back
+until every rank has said so (a SIGUSR1 kills a process with no handler). A signal that arrives
+before the first step ends the run once start-up is over (:class:`StoppedBeforeStart`).
 """
 from __future__ import annotations
 
@@ -28,6 +33,10 @@ class Preempted(Exception):
     """The job was asked to stop (signal); state is saved and the job should be requeued."""
 
 
+class StoppedBeforeStart(Preempted):
+    """A stop signal arrived before the first step: there is nothing to save; run again."""
+
+
 def _record(signum, frame) -> None:
     global _received
     if signum == signal.SIGINT and _received == signal.SIGINT:
@@ -42,6 +51,12 @@ def install() -> None:
         return
     for sig in SIGNALS:
         signal.signal(sig, _record)
+    note = os.environ.get(NOTE_ENV)
+    if note:  # tell mpilearn-run that this process listens (see the module's doc)
+        try:
+            open(f"{note}.{os.getpid()}", "w").close()
+        except OSError:  # another node: the launcher cannot see it and stops waiting in time
+            pass
 
 
 def requested() -> Optional[int]:

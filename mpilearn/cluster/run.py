@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -58,10 +59,19 @@ def read_hostfile(path: str) -> List[Tuple[str, int]]:
 def mpi_flavour(mpirun: str) -> str:
     try:
         out = subprocess.run([mpirun, "--version"], capture_output=True, text=True, timeout=30)
-        text = (out.stdout + out.stderr).lower()
     except (OSError, subprocess.SubprocessError):
         return "openmpi"
-    return "hydra" if ("hydra" in text or "mpich" in text or "intel" in text) else "openmpi"
+    return flavour_of(out.stdout + out.stderr)
+
+
+def flavour_of(version: str) -> str:
+    """``mpirun --version``'s text -> "hydra" (MPICH, Intel MPI), "openmpi-orte" (Open MPI 4
+    and older: ``orterun``) or "openmpi" (Open MPI 5: PRRTE's ``prterun``)."""
+    text = version.lower()
+    if "hydra" in text or "mpich" in text or "intel" in text:
+        return "hydra"
+    major = re.search(r"\(open mpi\) (\d+)\.", text)
+    return "openmpi-orte" if major and int(major.group(1)) < 5 else "openmpi"
 
 
 def build_command(np_: int, hosts: Optional[List[Tuple[str, int]]], command: List[str],
@@ -85,6 +95,10 @@ def build_command(np_: int, hosts: Optional[List[Tuple[str, int]]], command: Lis
             cmd += ["-hosts", ",".join(f"{h}:{s}" for h, s in hosts)]
         return cmd + ["-genvall", *extra, *command]
     cmd = ["mpirun", "-np", str(np_), "--bind-to", "none", "--map-by", "slot"]
+    if flavour == "openmpi-orte":
+        # its block after a rank's non-zero exit would follow mpilearn's one message (Open
+        # MPI 5 has no such switch: README, "What each launcher adds to mpilearn's message")
+        cmd += ["--quiet"]
     if hosts:
         cmd += ["-H", ",".join(f"{h}:{s}" for h, s in hosts)]
     elif np_ > (os.cpu_count() or 1):
@@ -133,20 +147,31 @@ def main(argv=None) -> int:
     if shutil.which(cmd[0]) is None:
         sys.stderr.write(f"mpilearn-run: error: {cmd[0]} not found on PATH\n")
         return 2
-    return launch(cmd, cmd[0] == "mpirun" and "-np" in cmd)
+    return launch(cmd, cmd[0] == "mpirun" and "-np" in cmd, args.np)
 
 
-def launch(cmd: List[str], open_mpi: bool) -> int:
+READY_WAIT = 10.0  # seconds a stop signal waits for ranks not yet seen listening
+
+
+def launch(cmd: List[str], open_mpi: bool, ranks: int = 1) -> int:
     """Runs the launcher; SIGINT/SIGTERM/SIGHUP to this process (Ctrl-C, ``kill``) reach
     the ranks as a SIGUSR1, which every launcher forwards and none turns into a kill (Open MPI's
     ``mpirun`` SIGKILLs the ranks 0.5 s after a SIGTERM or SIGINT), with the original signal's
     name in a note file: the ranks stop after their current step, checkpoint, say so once and
     exit 75. A second signal ends the job at once. The launcher runs in its own process group,
-    so a terminal's Ctrl-C reaches it only through here."""
+    so a terminal's Ctrl-C reaches it only through here.
+
+    Start-up: a SIGUSR1 kills a rank that has no handler yet (or one not started yet never
+    hears it), so the signal is held until all ``ranks`` have said they listen (each creates
+    ``<note>.<pid>``, ``preempt.install``), or ``READY_WAIT`` seconds at most: a rank on
+    another machine cannot be seen, and a command that is not mpilearn's never says it. A job
+    that a forwarded SIGUSR1 killed anyway ends with one line and status 75 here."""
+    import glob
     import signal
     import tempfile
+    import time
 
-    from .preempt import NOTE_ENV
+    from .preempt import NOTE_ENV, REQUEUE_EXIT
 
     fd, note = tempfile.mkstemp(prefix="mpilearn-run-", suffix=".signal")
     os.close(fd)
@@ -157,13 +182,14 @@ def launch(cmd: List[str], open_mpi: bool) -> int:
     stdin = subprocess.DEVNULL if sys.stdin is not None and sys.stdin.isatty() else None
     child = subprocess.Popen(cmd, env=env, stdin=stdin, start_new_session=True)
     seen = []
+    held = []  # the time the first signal came, until it is forwarded
 
     def forward(signum, frame):
         seen.append(signum)
         if len(seen) == 1:
             with open(note, "w") as f:
                 f.write(signal.Signals(signum).name + "\n")
-            child.send_signal(signal.SIGUSR1)
+            held.append(time.monotonic())
             return
         sys.stderr.write(f"mpilearn-run: {signal.Signals(signum).name} again: ending the job "
                          "now, without a checkpoint\n")
@@ -175,12 +201,25 @@ def launch(cmd: List[str], open_mpi: bool) -> int:
     # SIGHUP too: the launcher's own session no longer hears a closing terminal
     saved = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
-        rc = child.wait()
+        while child.poll() is None:
+            if held and (len(glob.glob(glob.escape(note) + ".*")) >= ranks
+                         or time.monotonic() - held[0] > READY_WAIT):
+                held.clear()
+                child.send_signal(signal.SIGUSR1)
+            time.sleep(0.05)
+        rc = child.returncode
     finally:
         for s, handler in saved.items():
             signal.signal(s, handler)
-        os.unlink(note)
-    return 128 - rc if rc < 0 else rc
+        for path in [note] + glob.glob(glob.escape(note) + ".*"):
+            os.unlink(path)
+    rc = 128 - rc if rc < 0 else rc
+    # a rank with no handler yet died of it (Open MPI: 128 + 10, Hydra: 10): say it once
+    if len(seen) == 1 and rc in (128 + signal.SIGUSR1, signal.SIGUSR1):
+        sys.stderr.write(f"mpilearn-run: stopped by {signal.Signals(seen[0]).name} before the "
+                         "ranks listened for stop signals; nothing saved\n")
+        return REQUEUE_EXIT
+    return rc
 
 
 if __name__ == "__main__":

@@ -11,7 +11,8 @@ trials that were in flight, each fold from its own checkpoint; ``--resume auto``
 a sweep that does not exist yet (requeued batch jobs); it refuses a changed config except
 budget, trial_timeout, blocks, enqueue unless --force (hpo/identity.py). SIGTERM, SIGINT or
 SIGUSR1 stops the sweep: no new trials, folds in flight checkpoint after their current step,
-exit status 75.
+exit status 75. A sweep in which no trial succeeded exits 4; its last line names the most
+common failure and where that trial's traceback and output are.
 Then ``python -m mpilearn.report RUN_DIR``, and ``python -m mpilearn.refit RUN_DIR`` (or
 ``python -m mpilearn.optimize --refit RUN_DIR``) for the final model: the best trial trained on
 all data, scored on ``search.test_files``.
@@ -26,7 +27,7 @@ from ..cluster.launcher import RankZeroArgumentParser
 from ..core import comm as mcomm
 from ..cluster import preempt
 from ..core.comm import check_on_root
-from ..errors import UsageError, exit_status
+from ..errors import SweepFailed, UsageError, exit_status
 from . import layout
 from .coordinator import TAG_BLOCK, TAG_PROGRESS, TAG_TRIAL, TAG_VERDICT, Coordinator
 from .pruners import make_pruner
@@ -240,6 +241,27 @@ def summary(state, obj, coordinator, output: str) -> str:
             + f"; results in {output}")
 
 
+def no_success(state, output: str):
+    """Why a sweep in which no trial succeeded failed (the message of ``SweepFailed``): its
+    most common failure, and where the last trial that failed so logged it; None if a trial
+    succeeded."""
+    from collections import Counter
+
+    finished = list(state.finished.values())
+    failed = [r for r in finished if r["status"] == "failed"]
+    if not failed or any(r["status"] == "done" for r in finished):
+        return None
+    first_line = [r["reason"].splitlines()[0] for r in failed]
+    reason, count = Counter(first_line).most_common(1)[0]
+    last = failed[len(first_line) - 1 - first_line[::-1].index(reason)]
+    key = last["key"]
+    run = os.path.join(output, "trials", key)
+    return (f"no trial succeeded: {count} of {len(finished)} failed with {reason}; the last "
+            f"of them, trial {key}, has its traceback in {os.path.join(output, 'journal.jsonl')}"
+            f" (its 'failed' event), its output in the lines marked [trial {key} fold N]"
+            + (f" and its runs in {run}" if os.path.isdir(run) else ""))
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if "--refit" in argv:  # --refit RUN [--trial KEY]: the same as python -m mpilearn.refit RUN
@@ -277,6 +299,7 @@ def main(argv=None) -> int:
     except Exception as err:  # mpilearn's own errors become statuses; others abort the job
         return exit_status(err, ctx.rank)
     s = config["search"]
+    failure = None
     role = layout.role(world.Get_rank(), world.Get_size(), s["blocks"], s["folds"],
                        s["ranks_per_fold"], s["fold_mode"])
     if role.coordinator:
@@ -302,6 +325,7 @@ def main(argv=None) -> int:
                                   config_id=info["config"])
         state = coordinator.run()
         print(summary(state, obj, coordinator, info["output"]), flush=True)
+        failure = no_success(state, info["output"])
     else:
         run_block(config, role, world, info)
     # every rank leaves with the same status: 75 (requeue me) if any rank saw a stop signal
@@ -310,7 +334,10 @@ def main(argv=None) -> int:
         journal = os.path.join(info["output"], "journal.jsonl")
         print(f"mpilearn: stopped by {preempt.describe(stopped)}; checkpoint {journal} (each "
               "interrupted fold has its own); continue with --resume auto", flush=True)
-    return preempt.REQUEUE_EXIT if stopped else 0
+    if stopped:
+        return preempt.REQUEUE_EXIT
+    failure = world.bcast(failure, root=0)  # every rank leaves with the status
+    return exit_status(SweepFailed(failure), ctx.rank) if failure else 0
 
 
 if __name__ == "__main__":

@@ -46,7 +46,8 @@ config keys (YAML; --set uses dotted names):
 outputs in the run directory: config.yaml, metrics.jsonl (one line per epoch),
 checkpoints/ (latest pointer + ckpt-eEEEE-sSSSSSSS.pt, best.pt), models/ (and models/best/).
 signals: SIGTERM, SIGINT or SIGUSR1 on any rank -> checkpoint after the current step, exit 75
-(through Open MPI's mpirun: launch with mpilearn-run, or send mpirun SIGUSR1).
+(through Open MPI's mpirun: launch with mpilearn-run, or send mpirun SIGUSR1); during start-up,
+before the first step: nothing to save, one line, exit 75 too.
 exit status: 0 done, 1 crash (the failing rank's traceback), 2 bad input,
 3 training stopped by its guard (e.g. the generator emits only empty images, a data read
 failed),
@@ -102,6 +103,7 @@ def run(args, make_config, after=None) -> int:
     ``after(ctx, last epoch record)``; the exit status."""
     from ..core import comm as mcomm
     from ..cluster import preempt
+    from .stops import before_start
 
     preempt.install()
     ctx = mcomm.init()
@@ -109,6 +111,9 @@ def run(args, make_config, after=None) -> int:
         line = mcomm.check_launch(ctx)
         if ctx.rank == 0:
             print(line, flush=True)
+        # a stop signal during start-up ends the run at one of two checks, with nothing to
+        # save: here, before the heavy imports and the config, and once the Trainer is built
+        before_start(ctx.comm)
         config = make_config(ctx)
         if args.resume and not (args.output or config["output"]):
             raise UsageError("--resume needs the run directory: --output DIR")
@@ -118,6 +123,7 @@ def run(args, make_config, after=None) -> int:
         trainer = Trainer(config, ctx, output=args.output, resume=resume,
                           progress=not args.no_progress, overwrite=args.overwrite,
                           force=args.force)
+        before_start(ctx.comm)
         last = trainer.fit()
         if after is not None:
             after(ctx, last)

@@ -34,3 +34,13 @@ def agree(comm, upcoming=None, past_deadline: bool = False,
     if flags[0] & 1:
         return TrainingStopped("the trial ran past its time limit")
     return None
+
+
+def before_start(comm) -> None:
+    """Collective, once start-up is over (imports, MPI, checks, construction): a stop signal
+    that arrived during it, on any rank, ends the run here on every rank."""
+    bits = comm.allreduce(preempt.mask(), op=mcomm.mpi().BOR)
+    if bits:
+        raise preempt.StoppedBeforeStart(f"stopped by {preempt.describe(bits)} before the "
+                                         "first step; nothing to save; run again with "
+                                         "--resume auto")
