@@ -160,8 +160,8 @@ def check_monitor(config: dict, task, has_validation: bool) -> dict:
     a direction (checked before the first epoch). Returns {"early_stopping": (metric, mode) or
     None, "best": (metric, mode) or None}; ``best.monitor: auto`` becomes the metric a callback
     prefers (physics: the sampling-fraction error), else val_loss, else none."""
-    from .best import known_modes, resolve
-    from .callbacks import DEFAULT_CALLBACKS, logged_metrics, task_callbacks
+    from .best import resolve
+    from .callbacks import DEFAULT_CALLBACKS, known_modes, logged_metrics, task_callbacks
 
     names = logged_metrics(task, config)
     if not has_validation:
