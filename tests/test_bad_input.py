@@ -71,6 +71,21 @@ def test_config_and_builder_mistakes(toy_file, tmp_path, extra, message, model):
     assert_bad_input(run(toy_file, out, *extra, model=model), message, out)
 
 
+def test_the_plan_reports_the_first_mistake_before_anything_is_written(toy_file, tmp_path):
+    """The driver checks everything in one plan step (``train/plan.py``): of two mistakes the
+    one met first (the model's hyperparameters before the monitored metric) is the message,
+    and the run directory is not even created."""
+    out = tmp_path / "run"
+    proc = run(toy_file, out, "--set", "train.best.monitor=val_los",
+               "--set", "hparams.optimizer=adamw")
+    assert_bad_input(proc, "hparams.optimizer is 'adamw'", out)
+    assert "val_los" not in proc.stderr and not out.exists()
+    proc = run(toy_file, out, "--set", "train.algorithm=downpour", "--set",
+               "train.lr_scaling=none", np_=1)
+    assert_bad_input(proc, "train.algorithm=downpour needs at least 2 ranks", out)
+    assert not out.exists()
+
+
 def test_output_that_is_a_file(toy_file, tmp_path):
     target = tmp_path / "afile"
     target.write_text("not a directory")

@@ -10,6 +10,7 @@ import subprocess
 from typing import List, Mapping, Optional
 
 from ..errors import UsageError
+from ..hpo.layout import sweep_width
 from .launcher import tasks_per_node
 
 
@@ -80,8 +81,6 @@ def plan(kind: str, config: dict, config_path: str, launcher: str,
          hostfile: Optional[str], env: Mapping[str, str] = os.environ) -> tuple:
     """(ranks to launch, note or None); writes ``hostfile`` where the launch needs one: an
     mpirun host file, or srun's one line per task (SLURM_HOSTFILE, --distribution=arbitrary)."""
-    from .jobs import sweep_width
-
     alloc = allocation(env)
     note = None
     if kind == "hpo":

@@ -21,6 +21,7 @@ import shlex
 import sys
 
 from ..errors import UsageError
+from ..hpo.layout import sweep_width
 
 # the site profile: key -> default (the default's type is the type the key accepts)
 SITE = {
@@ -70,14 +71,6 @@ def load_site(path: str | None, overrides: dict) -> dict:
         raise UsageError(f"site: 'tasks_per_node' must be 0 (auto) or more, got "
                          f"{site['tasks_per_node']}")
     return site
-
-
-def sweep_width(config: dict) -> int:
-    """Ranks per trial (one block)."""
-    from ..hpo.layout import block_width
-
-    s = config["search"]
-    return block_width(s["folds"], s["ranks_per_fold"], s["fold_mode"])
 
 
 def sweep_tasks(config: dict) -> int:

@@ -25,6 +25,12 @@ def block_width(folds: int, ranks_per_fold: int, fold_mode: str) -> int:
     return folds * ranks_per_fold if fold_mode == "parallel" else ranks_per_fold
 
 
+def sweep_width(config: dict) -> int:
+    """Ranks per trial (one block) of the sweep ``config`` describes."""
+    s = config["search"]
+    return block_width(s["folds"], s["ranks_per_fold"], s["fold_mode"])
+
+
 def check(world_size: int, blocks: int, folds: int, ranks_per_fold: int, fold_mode: str) -> None:
     for name, v in (("search.blocks", blocks), ("search.folds", folds),
                     ("search.ranks_per_fold", ranks_per_fold)):

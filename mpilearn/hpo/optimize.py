@@ -33,10 +33,11 @@ from .coordinator import TAG_BLOCK, TAG_PROGRESS, TAG_TRIAL, TAG_VERDICT, Coordi
 from .pruners import make_pruner
 
 
-def prepare(config: dict, world_size: int, resume, force: bool = False) -> dict:
-    """Rank 0, before any trial: layout, space, searcher, objective, data, model, output, and
-    on ``--resume`` the config against the sweep's (``hpo/identity.py``); only then is
-    anything written."""
+def plan(config: dict, world_size: int, resume, force: bool = False) -> dict:
+    """Rank 0, before anything is written or any trial runs: every check of the sweep (layout,
+    space, searcher, objective, data, model, output, and on ``--resume`` the config against
+    the sweep's: ``hpo/identity.py``). Returns the plan: what :func:`start` records, and the
+    coordinator's parts, built once here (objective, searcher, pruner, warm-start records)."""
     from . import identity, objective
     from .searchers import make_searcher
     from .space import Space
@@ -85,18 +86,20 @@ def prepare(config: dict, world_size: int, resume, force: bool = False) -> dict:
             raise UsageError(f"test file(s) in data.files: {', '.join(sorted(overlap))}; the "
                              "test files must never enter the search")
         n_events = len(files)
+    elif config["model"]:  # a callable objective may still name a model: its defaults
+        defaults = {**default_hparams(config["model"]), **config["hparams"]}
     space = Space.from_config(s["space"], defaults,
                               known=set(declared) if "callable" not in obj else None)
     if "callable" not in obj:
         check_space_values(config["model"], space)
     n_objectives = len(obj["directions"])
-    make_searcher(s["searcher"], space, s["seed"], n_objectives, **s["options"])
+    searcher = make_searcher(s["searcher"], space, s["seed"], n_objectives, **s["options"])
     if s["pruner"] != "none" and n_objectives > 1:
         raise UsageError(f"search.pruner {s['pruner']} judges one objective; this sweep has "
                          f"{n_objectives} (set search.pruner: none)")
-    make_pruner(s["pruner"], obj["directions"][0], **s["pruner_options"])
+    pruner = make_pruner(s["pruner"], obj["directions"][0], **s["pruner_options"])
     check_points(s["enqueue"], space)
-    warm_start(s["warm_start"])
+    warm = warm_start(s["warm_start"])
     output = config["output"] or "runs/hpo"
     journal = os.path.join(output, "journal.jsonl")
     if os.path.exists(journal) and not resume:
@@ -105,10 +108,19 @@ def prepare(config: dict, world_size: int, resume, force: bool = False) -> dict:
         raise UsageError(f"--resume: no sweep in {output} (no {journal}); --resume auto starts "
                          "one when there is none")
     notes = identity.check(output, config, force) if os.path.exists(journal) else []
-    os.makedirs(output, exist_ok=True)
-    number, path = identity.record(output, config)
-    return {"output": output, "n_events": n_events, "config": number, "config_path": path,
-            "notes": notes, "force": force}
+    return {"output": output, "n_events": n_events, "notes": notes, "force": force,
+            "objective": obj, "searcher": searcher, "pruner": pruner, "warm_start": warm}
+
+
+def start(plan: dict, config: dict) -> dict:
+    """Rank 0, after the plan: the run directory and the config in force (``config.yaml``,
+    ``config-history/``). Returns what every rank needs."""
+    from . import identity
+
+    os.makedirs(plan["output"], exist_ok=True)
+    number, path = identity.record(plan["output"], config)
+    return {"output": plan["output"], "n_events": plan["n_events"], "notes": plan["notes"],
+            "force": plan["force"], "config": number, "config_path": path}
 
 
 def check_space_values(model: str, space) -> None:
@@ -292,8 +304,9 @@ def main(argv=None) -> int:
 
         sets = list(args.set) + ([f"output={args.output}"] if args.output else [])
         config = resolve(args.config, sets, schema=hpo_schema(), require_model=False)
-        info = world.bcast(check_on_root(world, prepare, config, world.Get_size(), args.resume,
-                                           args.force), root=0)
+        # plan (every check, one verdict from rank 0), then build from it
+        planned = check_on_root(world, plan, config, world.Get_size(), args.resume, args.force)
+        info = world.bcast(start(planned, config) if ctx.rank == 0 else None, root=0)
         for note in info["notes"] if ctx.rank == 0 else ():
             print(note, flush=True)
     except Exception as err:  # mpilearn's own errors become statuses; others abort the job
@@ -306,22 +319,13 @@ def main(argv=None) -> int:
         world.Split(mcomm.mpi().UNDEFINED, 0)  # block communicators: not ours
         world.Split(0, 0)                       # the workers' communicator: not ours
         from .journal import Journal
-        from .searchers import make_searcher
-        from .space import Space
-        from ..core.builders import default_hparams
-
-        from . import objective
 
         journal = Journal(os.path.join(info["output"], "journal.jsonl"))
         state = journal.replay()
-        obj = objective.parse(config)
-        defaults = {**default_hparams(config["model"]), **config["hparams"]} if config["model"] else {}
-        searcher = make_searcher(s["searcher"], Space.from_config(s["space"], defaults), s["seed"],
-                                 len(obj["directions"]), **s["options"])
-        pruner = make_pruner(s["pruner"], obj["directions"][0], **s["pruner_options"])
-        coordinator = Coordinator(world, config, searcher, journal, state, s["blocks"],
-                                  progress=not args.no_progress, pruner=pruner, objective=obj,
-                                  warm_start=warm_start(s["warm_start"]),
+        obj = planned["objective"]
+        coordinator = Coordinator(world, config, planned["searcher"], journal, state, s["blocks"],
+                                  progress=not args.no_progress, pruner=planned["pruner"],
+                                  objective=obj, warm_start=planned["warm_start"],
                                   config_id=info["config"])
         state = coordinator.run()
         print(summary(state, obj, coordinator, info["output"]), flush=True)

@@ -27,7 +27,7 @@ from ..torch import (Adasum, Average, Compression, HorovodInternalError, Max, Mi
 from . import callbacks
 from .callbacks import (BroadcastGlobalVariablesCallback, LearningRateScheduleCallback,
                         LearningRateWarmupCallback, MetricAverageCallback)
-from .optimizer import DistributedOptimizer, allreduce_arrays, comm_of
+from .optimizer import DistributedOptimizer, allreduce_arrays, broadcast_variables
 
 __all__ = ["Adasum", "Average", "Compression", "HorovodInternalError", "Max", "Min", "Product",
            "ProcessSet", "Sum", "add_process_set", "ccl_built", "cross_rank", "cross_size",
@@ -113,15 +113,6 @@ def join(device=-1) -> int:
 
 def barrier(process_set=global_process_set, comm=None) -> None:
     _t.barrier(process_set, comm)
-
-
-def broadcast_variables(variables, root_rank=0, comm=None) -> None:
-    """Assign root's values to ``variables`` (weights, optimizer slots) on every rank."""
-    comm = comm_of(comm)
-    for v in variables:
-        value = np.array(keras.ops.convert_to_numpy(v), copy=True).reshape(-1)  # owns its data
-        comm.Bcast(value.view(np.uint8), root=root_rank)
-        v.assign(value.reshape(v.shape))
 
 
 def broadcast_global_variables(root_rank):

@@ -46,7 +46,7 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
         self._broadcast()
 
     def _broadcast(self):
-        from . import broadcast_variables
+        from .optimizer import broadcast_variables
 
         if self.broadcast_done:
             return

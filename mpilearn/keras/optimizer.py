@@ -40,6 +40,15 @@ def comm_of(comm=None, process_set=global_process_set):
         return _comm.context().comm
 
 
+def broadcast_variables(variables, root_rank=0, comm=None) -> None:
+    """Assign root's values to ``variables`` (weights, optimizer slots) on every rank."""
+    comm = comm_of(comm)
+    for v in variables:
+        value = np.array(keras.ops.convert_to_numpy(v), copy=True).reshape(-1)  # owns its data
+        comm.Bcast(value.view(np.uint8), root=root_rank)
+        v.assign(value.reshape(v.shape))
+
+
 def _fused_allreduce_(flat, comm, average: bool, prescale: float = 1.0, postscale: float = 1.0):
     """In place on a flat torch tensor: the fused-buffer backend of mpilearn.torch."""
     from ..torch.optimizer import get_backend

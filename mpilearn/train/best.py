@@ -36,16 +36,6 @@ def inferred_mode(name: str) -> Optional[str]:
     return None
 
 
-def known_modes(task, config: dict) -> dict:
-    """Metric name -> mode for every metric this run logs whose direction is known."""
-    from .callbacks import DEFAULT_CALLBACKS, logged_metrics, task_callbacks
-
-    modes = {n: m for n in logged_metrics(task, config) if (m := inferred_mode(n))}
-    for callback in (*task_callbacks(task, config), *DEFAULT_CALLBACKS):
-        modes.update(callback.metric_modes(task, config))
-    return modes
-
-
 def resolve(section: str, monitor: str, mode: str, known: dict) -> str:
     """``mode`` if given, else the known direction of ``monitor``; UsageError names the key."""
     if mode:

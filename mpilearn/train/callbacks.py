@@ -14,7 +14,7 @@ from typing import Callable, Optional
 
 from ..errors import UsageError
 from ..core.io import append_jsonl
-from .best import improved
+from .best import improved, inferred_mode
 
 
 class Callback:
@@ -175,3 +175,12 @@ def logged_metrics(task, config: dict, extra: Optional[tuple] = ()) -> set:
     for callback in (*task_callbacks(task, config), *DEFAULT_CALLBACKS, *extra):
         names |= callback.metric_names(task, config)
     return names
+
+
+def known_modes(task, config: dict) -> dict:
+    """Metric name -> mode (``best.MODES``) for every metric this run logs whose direction
+    is known: inferred from the name, or declared by the callback that logs it."""
+    modes = {n: m for n in logged_metrics(task, config) if (m := inferred_mode(n))}
+    for callback in (*task_callbacks(task, config), *DEFAULT_CALLBACKS):
+        modes.update(callback.metric_modes(task, config))
+    return modes

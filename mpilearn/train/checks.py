@@ -11,7 +11,6 @@ import time
 from typing import Iterable, Optional
 
 from ..core import comm as mcomm
-from ..core.comm import fail_usage
 from ..data.hdf5 import EventFiles
 from ..errors import UsageError
 
@@ -129,29 +128,27 @@ def check_hparams(model: str, hparams: dict) -> None:
     check_values(model, hparams, declared)
 
 
-def build_task(builder, spec: str, hparams: dict, comm):
-    """Collective: ``builder(hparams)`` on every rank; an exception or a wrong return type on
-    any rank is bad input, reported once (the builder's message, with the hparams given)."""
+def build_task(builder, spec: str, hparams: dict):
+    """``builder(hparams)`` as a task; an exception or a wrong return type is bad input (the
+    builder's message, with the hparams given)."""
     from .tasks import Task
 
-    task, message = None, None
     try:
         task = builder(dict(hparams))
         if "keras" in sys.modules:  # a compiled keras.Model (any subclass) becomes a task
             from .keras_tasks import as_task
 
             task = as_task(task)
-        if not isinstance(task, Task):
-            message = (f"model {spec}: build(hparams) returned {type(task).__name__}, expected a "
-                       "task (SupervisedTask, GANTask, ...) or a compiled keras.Model")
-    except UsageError as err:
-        message = str(err)
+    except UsageError:
+        raise
     except Exception as err:  # the builder's own error: bad hyperparameters, most likely
         key = err.args[0] if isinstance(err, KeyError) and err.args else None
         what = f"hparams key {key!r} is missing" if key is not None else f"{type(err).__name__}: {err}"
-        message = f"model {spec}: build(hparams) failed: {what} (hparams: {dict(hparams)})"
-    messages = [m for m in comm.allgather(message) if m]
-    fail_usage(comm, messages[0] if messages else None)
+        raise UsageError(f"model {spec}: build(hparams) failed: {what} (hparams: "
+                         f"{dict(hparams)})") from None
+    if not isinstance(task, Task):
+        raise UsageError(f"model {spec}: build(hparams) returned {type(task).__name__}, expected "
+                         "a task (SupervisedTask, GANTask, ...) or a compiled keras.Model")
     return task
 
 
@@ -160,8 +157,8 @@ def check_monitor(config: dict, task, has_validation: bool) -> dict:
     a direction (checked before the first epoch). Returns {"early_stopping": (metric, mode) or
     None, "best": (metric, mode) or None}; ``best.monitor: auto`` becomes the metric a callback
     prefers (physics: the sampling-fraction error), else val_loss, else none."""
-    from .best import known_modes, resolve
-    from .callbacks import DEFAULT_CALLBACKS, logged_metrics, task_callbacks
+    from .best import resolve
+    from .callbacks import DEFAULT_CALLBACKS, known_modes, logged_metrics, task_callbacks
 
     names = logged_metrics(task, config)
     if not has_validation:
@@ -290,19 +287,15 @@ def open_files(config: dict, task) -> tuple:
     return train, val, test
 
 
-def check_devices(ctx, config) -> str:
-    """Every rank picks its device; any rank's problem is reported once by rank 0."""
-    message, device = None, "cpu"
+def choose_device(ctx, config) -> tuple:
+    """Collective on the node: (this rank's device, or None and why not)."""
     per_task = mcomm.gpus_are_per_task(ctx)
     shared = config["device"]["allow_shared_gpus"] or mcomm.shared_gpus_from_env()
     try:
-        device = mcomm.choose_device(ctx, config["device"]["type"], shared, per_task=per_task,
-                                     backend=config["train"]["backend"])
+        return mcomm.choose_device(ctx, config["device"]["type"], shared, per_task=per_task,
+                                   backend=config["train"]["backend"]), None
     except UsageError as err:
-        message = f"rank {ctx.rank}: {err}"
-    messages = [m for m in ctx.comm.allgather(message) if m]
-    fail_usage(ctx.comm, messages[0] if messages else None)
-    return device
+        return None, f"rank {ctx.rank}: {err}"
 
 
 def default_output(config: dict) -> str:

@@ -1,8 +1,9 @@
 """The training driver shared by every task, strategy and launch context.
 
-Order of work, so that bad input is reported before anything expensive starts:
-config (already validated) -> model builder -> data files -> device -> strategy set-up
-(weights broadcast) -> resume -> epochs. The driver owns the data, checkpoints, the position,
+Plan, then build, so that bad input is reported before anything expensive starts: the plan
+(``plan.py``) checks everything (run directory, model, data, devices, resume) with one verdict
+from rank 0; then the driver builds from it: task, data, strategy set-up (weights broadcast),
+callbacks, the resumed state; then the epochs. The driver owns the data, checkpoints, the position,
 stop signals and the epoch record; how ranks combine their updates is the strategy's
 (``strategies.py``), and everything done with an epoch record is a callback (``callbacks.py``).
 Everything takes the communicator it is given.
@@ -20,8 +21,6 @@ import torch
 
 from ..core import comm as mcomm
 from ..cluster import preempt
-from ..core.builders import load_builder
-from ..core.comm import check_on_root
 from ..core.config import dump
 from ..data.hdf5 import ShardedLoader
 from ..errors import TrainingStopped, UsageError
@@ -29,16 +28,11 @@ from ..core.io import append_jsonl, read_jsonl
 from . import checkpoint as ckpt
 from . import best, loggers, stops
 from .callbacks import BestCheckpoint, EarlyStopping, EpochLog, task_callbacks
-from .checks import (build_task, check_devices, check_framework, check_hparams, check_monitor,
-                     check_output, check_precision, check_run_dir, clear_run_dir, default_output,
-                     dry_run, remove_stale_temp)
+from .checks import clear_run_dir, remove_stale_temp
 from .evaluation import evaluate, test_pass
-from .setup import event_split, seed_and_determinism, shared_files
+from .plan import make as make_plan
+from .setup import new_task, shared_files
 from .strategies import EpochContext, make_strategy
-
-
-def _raise(message: str):
-    raise UsageError(message)
 
 
 class Trainer:
@@ -58,49 +52,22 @@ class Trainer:
         comm = ctx.comm
         train = config["train"]
 
-        # 0. the run directory, before anything is computed
-        self.output = comm.bcast(output or config["output"] or default_output(config), root=0)
-        check_on_root(comm, check_output, self.output)
-        notes = check_on_root(comm, check_run_dir, self.output, config, resume, overwrite, force)
-        for note in notes or ():
+        # 1. plan: every check (config, model, data, devices, resume), one verdict from rank 0
+        plan = make_plan(config, ctx, output, resume, events, overwrite, force)
+        for note in plan.notes if ctx.rank == 0 else ():
             print(note, flush=True)
 
-        check_on_root(comm, loggers.check, train["log"])
-
-        # 1. the model builder: a missing file or function, or an unknown hparam, is bad input
-        check_on_root(comm, load_builder, config["model"])
-        check_on_root(comm, check_hparams, config["model"], config["hparams"])
-        # TensorFlow sizes its thread pools when it starts (maybe inside the model file)
-        for var in ("TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS"):
-            os.environ.setdefault(var, str(mcomm.threads_per_rank(ctx)))
-        seed_and_determinism(train)
-        builder = load_builder(config["model"])
-        if "keras" in sys.modules:  # the model file uses Keras: its initialisers too
-            import keras
-
-            keras.utils.set_random_seed(train["seed"])
-        self.task = build_task(builder, config["model"], config["hparams"], comm)
-        check_on_root(comm, check_precision, self.task, train["precision"])
-        check_on_root(comm, check_framework, self.task, train)
-        self.task.precision = train["precision"]
-        self.task.compile_mode, self.task.channels_last = train["compile"], train["channels_last"]
-
-        # 2. the data files, counted once by rank 0
-        self.train_files, self.val_files, self.test_files = shared_files(config, self.task, comm)
-        self.train_events, self.val_events = event_split(config, self.train_files,
-                                                         self.val_files, events)
+        # 2. build from the plan: the task, data, strategy, output directory, callbacks
+        self.output, self.monitors = plan.output, plan.monitors
+        self.task = plan.task if ctx.rank == 0 else new_task(config)
+        self.train_files, self.val_files, self.test_files = shared_files(
+            plan.files, self.task, config["data"]["on_error"])
+        self.train_events, self.val_events = plan.events
         self.val_source = self.val_files or self.train_files
         self.strategy = make_strategy(train, comm)
-        if ctx.size < self.strategy.min_ranks:
-            check_on_root(comm, _raise, f"train.algorithm={train['algorithm']} needs at least "
-                                        f"{self.strategy.min_ranks} ranks (rank 0 is the master, "
-                                        "the others train)")
-        check_on_root(comm, self._make_loader)  # too few events for one global batch?
         self.loader = self._make_loader()
-        self.monitors = comm.bcast(check_on_root(comm, check_monitor, config, self.task,
-                                                 len(self.val_events) > 0), root=0)
 
-        # 3. output directory (rank 0 writes; stale temp files of killed writes go)
+        # rank 0 writes; stale temp files of killed writes go
         self.ckpt_dir = os.path.join(self.output, "checkpoints")
         self.metrics_path = os.path.join(self.output, "metrics.jsonl")
         if ctx.rank == 0:
@@ -111,27 +78,25 @@ class Trainer:
                 print(f"mpilearn: removed {path}, left by an interrupted write", flush=True)
         self.log = loggers.Loggers(train["log"], self.output) if ctx.rank == 0 else None
 
-        # 4. devices, then the strategy: weights broadcast, optimizers wrapped
-        device = check_devices(ctx, config)
-        mcomm.bind(ctx, device)
-        devices = comm.gather(device, root=0)
+        # the device, then the strategy: weights broadcast, optimizers wrapped
+        mcomm.bind(ctx, plan.device)
+        devices = comm.gather(plan.device, root=0)
         if ctx.rank == 0:
             counts = collections.Counter(devices)
             where = ", ".join(f"{d} x{c}" if c > 1 else d for d, c in sorted(counts.items()))
             print(f"mpilearn: {ctx.size} rank(s) on {where}; backend {train['backend']}, "
                   f"precision {train['precision']}, compile {train['compile']}", flush=True)
-        self.strategy.setup(self.task, device)
+        self.strategy.setup(self.task, plan.device)
         self.base_lrs = self.task.learning_rates()
-        check_on_root(comm, dry_run, self.task, self.train_files, self.train_events)
         torch.manual_seed(train["seed"] * 1000 + ctx.rank + 1)  # per-rank noise from here on
         self.callbacks = self._default_callbacks()
 
-        # 5. position and running state
+        # position and running state
         self.epoch, self.step_in_epoch, self.global_step = 0, 0, 0
         self.acc = self._empty_acc()
         self.lr = None
-        if resume:
-            self._restore()
+        if plan.checkpoint:
+            self._restore(*plan.checkpoint)
         # the run's identity, written once every check passed (a refused --resume --force
         # leaves the saved config as it was)
         if ctx.rank == 0:
@@ -197,23 +162,8 @@ class Trainer:
         return ckpt.save(self.ckpt_dir, ckpt.name_for(self.epoch, self.step_in_epoch), state,
                          self.config["train"]["keep_checkpoints"])
 
-    def _restore(self) -> None:
-        found = ckpt.load_newest(self.ckpt_dir) if self.ctx.rank == 0 else None
-        path, state, failed = self.ctx.comm.bcast(found, root=0)
-        if self.ctx.rank == 0:
-            for bad, why in failed:
-                print(f"mpilearn: checkpoint {bad} does not load ({why}); trying an older one",
-                      flush=True)
-        if path is None:
-            if failed:
-                raise UsageError(f"--resume: no checkpoint in {self.ckpt_dir} loads: "
-                                 + "; ".join(f"{p}: {why}" for p, why in failed))
-            if self.resume != "auto":
-                raise UsageError(f"--resume: no checkpoint in {self.ckpt_dir} (use --resume auto "
-                                 "to start fresh when there is none)")
-            if self.ctx.rank == 0:
-                print(f"mpilearn: no checkpoint in {self.ckpt_dir}; starting fresh", flush=True)
-            return
+    def _restore(self, path: str, state: dict) -> None:
+        """Every rank loads the checkpoint the plan chose."""
         try:
             self.task.load_state_dict(state["task"])
             self.strategy.load_state_dict(state.get("strategy") or {})

@@ -1,16 +1,18 @@
-"""The driver's set-up steps that need no driver: seeding and determinism, the data files
-counted once by rank 0 and shared, and the split of events into training and validation."""
+"""The driver's construction steps that need no driver: seeding and determinism, the task
+built from the model file, the data files from the counts rank 0 planned, and the split of
+events into training and validation. Nothing here checks (``plan.py`` did)."""
 from __future__ import annotations
 
 import os
+import sys
 from typing import Optional
 
 import numpy as np
 import torch
 
-from ..core.comm import check_on_root
+from ..core.builders import load_builder
 from ..data.hdf5 import EventFiles, split_events
-from .checks import open_files
+from .checks import build_task
 
 
 def seed_and_determinism(train: dict) -> None:
@@ -27,17 +29,34 @@ def seed_and_determinism(train: dict) -> None:
     torch.backends.cudnn.benchmark = not train["deterministic"]
 
 
-def shared_files(config: dict, task, comm) -> tuple:
-    """(train, validation, test) EventFiles (None where not given): rank 0 opens and counts
-    them (bad input is reported there, once), every rank gets the counts."""
-    files = check_on_root(comm, open_files, config, task)
-    meta = comm.bcast(None if files is None else
-                      [(f.paths, f.counts, sorted(f.optional_present)) if f else None
-                       for f in files], root=0)
-    out = tuple(EventFiles.from_counts(*m, keys=task.keys) if m else None for m in meta)
+def new_task(config: dict):
+    """The run's seeds, then the model file's task; its attributes from ``train``."""
+    train = config["train"]
+    seed_and_determinism(train)
+    builder = load_builder(config["model"])
+    if "keras" in sys.modules:  # the model file uses Keras: its initialisers too
+        import keras
+
+        keras.utils.set_random_seed(train["seed"])
+    task = build_task(builder, config["model"], config["hparams"])
+    task.precision = train["precision"]
+    task.compile_mode, task.channels_last = train["compile"], train["channels_last"]
+    return task
+
+
+def counted(files) -> list:
+    """What rank 0 learned of each (train, validation, test) EventFiles: enough for
+    :func:`shared_files` on every rank."""
+    return [(f.paths, f.counts, sorted(f.optional_present)) if f else None for f in files]
+
+
+def shared_files(counts: list, task, on_error: str) -> tuple:
+    """(train, validation, test) EventFiles (None where not given) from rank 0's counts,
+    without touching the files."""
+    out = tuple(EventFiles.from_counts(*m, keys=task.keys) if m else None for m in counts)
     for files in out:
         if files is not None:
-            files.on_error = config["data"]["on_error"]
+            files.on_error = on_error
     return out
 
 
