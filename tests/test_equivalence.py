@@ -4,7 +4,7 @@ import pytest
 
 from mpilearn.allreduce import available_backends
 
-from conftest import TESTS, mpirun
+from conftest import TESTS, mpirun, shared
 
 SCRIPT = f"{TESTS}/scripts/equivalence.py"
 STEPS, B = 6, 4
@@ -15,18 +15,19 @@ def weights(path):
     return [data[k] for k in sorted(data.files, key=lambda s: int(s.split("_")[1]))]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def reference(tmp_path_factory):
-    """Single-process runs with the global batch, one per (optimizer, N)."""
-    out = {}
-    folder = tmp_path_factory.mktemp("ref")
-    for opt in ("sgd", "adam"):
-        for n in (2, 4):
-            path = str(folder / f"{opt}-{n}.npz")
-            proc = mpirun(1, [SCRIPT, "mpi", opt, str(B * n), str(STEPS), path])
+    """Single-process runs with the global batch, one per (optimizer, N); run once per
+    session, shared read-only."""
+    cases = [(opt, n) for opt in ("sgd", "adam") for n in (2, 4)]
+
+    def run(folder):
+        for opt, n in cases:
+            proc = mpirun(1, [SCRIPT, "mpi", opt, str(B * n), str(STEPS), str(folder / f"{opt}-{n}.npz")])
             assert proc.returncode == 0, proc.stderr
-            out[opt, n] = weights(path)
-    return out
+
+    folder = shared(tmp_path_factory, "equivalence-reference", run)
+    return {(opt, n): weights(str(folder / f"{opt}-{n}.npz")) for opt, n in cases}
 
 
 @pytest.mark.parametrize("backend", available_backends())
