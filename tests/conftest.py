@@ -140,8 +140,9 @@ def _starts_processes(obj, seen) -> bool:
                if isinstance(obj.__globals__.get(n), (types.FunctionType, type)))
 
 
-# fixtures whose tests must not overlap one another under pytest-xdist: one worker runs them
-SERIAL_GROUPS = {"slurm": "slurm", "nodes": "slurm"}
+# fixtures whose tests must not overlap one another under pytest-xdist (each worker would
+# start its own cluster; the two-node one has fixed namespace names): one worker runs a group
+SERIAL_GROUPS = {"slurm": "slurm", "nodes": "two-nodes"}
 
 
 def pytest_collection_modifyitems(config, items):
@@ -154,3 +155,6 @@ def pytest_collection_modifyitems(config, items):
         for name, group in SERIAL_GROUPS.items():
             if name in fixtures:
                 item.add_marker(pytest.mark.xdist_group(group))
+    # a group runs on one worker, one test after the other, mostly waiting on SLURM: started
+    # first, it overlaps the rest instead of ending the run alone
+    items.sort(key=lambda item: item.get_closest_marker("xdist_group") is None)
