@@ -17,13 +17,14 @@ def weights(path):
 
 @pytest.fixture(scope="session")
 def reference(tmp_path_factory):
-    """Single-process runs with the global batch, one per (optimizer, N); run once per
-    session, shared read-only."""
-    cases = [(opt, n) for opt in ("sgd", "adam") for n in (2, 4)]
+    """Single-process runs with the global batch, one per (optimizer, N), and the weights
+    after zero steps, one per optimizer; run once per session, shared read-only."""
+    cases = [(opt, n) for opt in ("sgd", "adam") for n in (0, 2, 4)]  # n=0: no step
 
     def run(folder):
         for opt, n in cases:
-            proc = mpirun(1, [SCRIPT, "mpi", opt, str(B * n), str(STEPS), str(folder / f"{opt}-{n}.npz")])
+            batch, steps = (B, 0) if n == 0 else (B * n, STEPS)
+            proc = mpirun(1, [SCRIPT, "mpi", opt, str(batch), str(steps), str(folder / f"{opt}-{n}.npz")])
             assert proc.returncode == 0, proc.stderr
 
     folder = shared(tmp_path_factory, "equivalence-reference", run)
@@ -39,21 +40,7 @@ def test_distributed_equals_single_process(reference, tmp_path, backend, opt, n)
     assert proc.returncode == 0, proc.stderr
     got, want = weights(path), reference[opt, n]
     # the weights moved: otherwise equality would prove nothing
-    start = weights_after_zero_steps(opt)
+    start = reference[opt, 0]
     assert any(not np.allclose(g, s) for g, s in zip(got, start))
     for g, w in zip(got, want):
         np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-7)
-
-
-_START = {}
-
-
-def weights_after_zero_steps(opt):
-    if opt not in _START:
-        import tempfile
-
-        path = tempfile.mktemp(suffix=".npz")
-        proc = mpirun(1, [SCRIPT, "mpi", opt, str(B), "0", path])
-        assert proc.returncode == 0, proc.stderr
-        _START[opt] = weights(path)
-    return _START[opt]
