@@ -17,7 +17,7 @@ export PRTE_MCA_rmaps_default_mapping_policy := :oversubscribe
 MPICH   := $(VENV)/mpich
 MPICH_STAMP := $(MPICH)/.installed
 
-.PHONY: setup demo test bench clean horovod slurm-packages jobs
+.PHONY: setup demo test check bench clean horovod slurm-packages jobs
 
 setup: $(STAMP)
 
@@ -43,8 +43,18 @@ demo: $(STAMP)
 	@echo
 	@echo "Results: runs/demo (config.yaml, metrics.jsonl, checkpoints/, validation/, models/)"
 
+# Two pytest-xdist workers: most tests wait on launches, sleeps and SLURM, so two keep both
+# cores busy; --dist loadgroup keeps each xdist_group (the SLURM tests) on one worker.
+# The 40 slowest tests are listed at the end, to see where the time goes.
+PYTEST_XDIST ?= -n 2 --dist loadgroup
 test: $(STAMP) $(HVD_STAMP) $(MPICH_STAMP) slurm-packages
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q $(PYTEST_XDIST) --durations=40 tests
+
+# The loop before a commit (a few minutes): every test that starts no process (marker unit,
+# set in tests/conftest.py) and the np=2 smoke runs of train, optimize and generate (marker
+# smoke). No SLURM, Horovod or MPICH needed.
+check: $(STAMP)
+	$(BIN)/python -m pytest -q $(PYTEST_XDIST) --durations=10 -m "unit or smoke" tests
 
 # MPICH's Hydra mpiexec for the launcher tests: a side venv with the mpich wheel that sees
 # the main venv's packages (mpi4py's wheel speaks both MPI ABIs; MPI4PY_MPIABI=mpich picks)

@@ -1,10 +1,13 @@
 """Shared helpers: real mpirun launches (never a mocked MPI), toy data files."""
 import os
+import shutil
 import subprocess
 import sys
 import time
+import types
 
 import pytest
+from filelock import FileLock
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TESTS = os.path.join(REPO, "tests")
@@ -60,11 +63,31 @@ def train_args(*extra):
     return ["-m", "mpilearn.train", "--no-progress", *extra]
 
 
+def shared(tmp_path_factory, name, make):
+    """The folder ``name``, filled by ``make(folder)`` once per test session and then shared,
+    read-only, by every test and every pytest-xdist worker (their session fixtures are per
+    worker): the first worker to ask makes it under a file lock, the others wait for it."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the run's folder, above each worker's own
+    folder, done = root / "shared" / name, root / "shared" / f"{name}.done"
+    folder.parent.mkdir(exist_ok=True)
+    with FileLock(str(folder) + ".lock"):
+        if not done.exists():
+            shutil.rmtree(folder, ignore_errors=True)  # what a failed attempt left
+            folder.mkdir()
+            make(folder)
+            done.touch()  # only a complete artefact is reused
+    return folder
+
+
 @pytest.fixture(scope="session")
 def toy_file(tmp_path_factory):
     from mpilearn.data.toy import write_regression
 
-    return write_regression(str(tmp_path_factory.mktemp("data") / "toy.h5"), events=1024)
+    folder = shared(tmp_path_factory, "data",
+                    lambda f: write_regression(str(f / "toy.h5"), events=1024))
+    return str(folder / "toy.h5")
 
 
 @pytest.fixture(scope="session")
@@ -72,9 +95,10 @@ def toy_files(tmp_path_factory):
     """The same toy events split over three files of uneven size."""
     from mpilearn.data.toy import write_regression
 
-    folder = tmp_path_factory.mktemp("split")
-    return [write_regression(str(folder / f"part{i}.h5"), events=n, seed=i)
-            for i, n in enumerate((300, 500, 224))]
+    sizes = (300, 500, 224)
+    folder = shared(tmp_path_factory, "split", lambda f: [
+        write_regression(str(f / f"part{i}.h5"), events=n, seed=i) for i, n in enumerate(sizes)])
+    return [str(folder / f"part{i}.h5") for i in range(len(sizes))]
 
 
 @pytest.fixture(scope="session")
@@ -82,6 +106,55 @@ def showers_dir(tmp_path_factory):
     """160 synthetic angle-model showers, 100-200 GeV, in two files of 80."""
     from mpilearn.calo.simulate import simulate
 
-    folder = tmp_path_factory.mktemp("showers")
-    simulate(str(folder), 160, "angle", (100, 200), 11, 80, progress=False)
-    return folder
+    return shared(tmp_path_factory, "showers",
+                  lambda f: simulate(str(f), 160, "angle", (100, 200), 11, 80, progress=False))
+
+
+# --- markers set at collection, so that tests added later are sorted without a decorator ---
+
+# names whose use starts a process (subprocess.run/Popen, os.system): a false hit only keeps a
+# test out of `make check`
+LAUNCH_NAMES = {"subprocess", "Popen", "system"}
+
+
+def _starts_processes(obj, seen) -> bool:
+    """Whether ``obj`` (a test, a fixture, a helper of tests/) starts a process: its code or
+    that of a tests/ function or class it names uses subprocess (mpirun() does)."""
+    if id(obj) in seen:
+        return False
+    seen.add(id(obj))
+    if isinstance(obj, type):
+        return any(_starts_processes(v, seen) for v in vars(obj).values()
+                   if isinstance(v, types.FunctionType))
+    code = getattr(obj, "__code__", None)
+    if code is None or not code.co_filename.startswith(TESTS):
+        return False
+    codes, names = [code], set()
+    while codes:  # nested functions and lambdas too
+        c = codes.pop()
+        names |= set(c.co_names)
+        codes += [k for k in c.co_consts if isinstance(k, types.CodeType)]
+    if names & LAUNCH_NAMES:
+        return True
+    return any(_starts_processes(obj.__globals__[n], seen) for n in names
+               if isinstance(obj.__globals__.get(n), (types.FunctionType, type)))
+
+
+# fixtures whose tests must not overlap one another under pytest-xdist (each worker would
+# start its own cluster; the two-node one has fixed namespace names): one worker runs a group
+SERIAL_GROUPS = {"slurm": "slurm", "nodes": "two-nodes"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        fixtures = item._fixtureinfo.name2fixturedefs
+        funcs = [item.function] + [defs[-1].func for defs in fixtures.values()]
+        seen = set()
+        if not any(_starts_processes(f, seen) for f in funcs):
+            item.add_marker(pytest.mark.unit)
+        for name, group in SERIAL_GROUPS.items():
+            if name in fixtures:
+                item.add_marker(pytest.mark.xdist_group(group))
+    # a group runs on one worker, one test after the other, mostly waiting on SLURM: started
+    # first, it overlaps the rest instead of ending the run alone
+    items.sort(key=lambda item: item.get_closest_marker("xdist_group") is None)

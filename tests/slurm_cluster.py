@@ -82,6 +82,8 @@ JobRequeue=1
 AccountingStorageType=accounting_storage/none
 JobCompType=jobcomp/none
 SchedulerType=sched/backfill
+# start a submitted or newly eligible job at once, not up to 3 s later (the tests wait on it)
+SchedulerParameters=batch_sched_delay=0,sched_min_interval=0
 MinJobAge=600
 KillWait=20
 NodeName={self.host} CPUs={self.cpus} RealMemory=8000 State=UNKNOWN
@@ -143,7 +145,7 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
             info = self.job(job_id)
             if info["JobState"] in states:
                 return info
-            time.sleep(0.5)
+            time.sleep(0.2)
         self.run(["scancel", job_id], check=False)
         raise AssertionError(f"job {job_id} still {info['JobState']} after {timeout} s\n"
                              f"{self.logs()}")

@@ -4,7 +4,7 @@ import pytest
 
 from mpilearn.allreduce import available_backends
 
-from conftest import TESTS, mpirun
+from conftest import TESTS, mpirun, shared
 
 SCRIPT = f"{TESTS}/scripts/equivalence.py"
 STEPS, B = 6, 4
@@ -15,18 +15,20 @@ def weights(path):
     return [data[k] for k in sorted(data.files, key=lambda s: int(s.split("_")[1]))]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def reference(tmp_path_factory):
-    """Single-process runs with the global batch, one per (optimizer, N)."""
-    out = {}
-    folder = tmp_path_factory.mktemp("ref")
-    for opt in ("sgd", "adam"):
-        for n in (2, 4):
-            path = str(folder / f"{opt}-{n}.npz")
-            proc = mpirun(1, [SCRIPT, "mpi", opt, str(B * n), str(STEPS), path])
+    """Single-process runs with the global batch, one per (optimizer, N), and the weights
+    after zero steps, one per optimizer; run once per session, shared read-only."""
+    cases = [(opt, n) for opt in ("sgd", "adam") for n in (0, 2, 4)]  # n=0: no step
+
+    def run(folder):
+        for opt, n in cases:
+            batch, steps = (B, 0) if n == 0 else (B * n, STEPS)
+            proc = mpirun(1, [SCRIPT, "mpi", opt, str(batch), str(steps), str(folder / f"{opt}-{n}.npz")])
             assert proc.returncode == 0, proc.stderr
-            out[opt, n] = weights(path)
-    return out
+
+    folder = shared(tmp_path_factory, "equivalence-reference", run)
+    return {(opt, n): weights(str(folder / f"{opt}-{n}.npz")) for opt, n in cases}
 
 
 @pytest.mark.parametrize("backend", available_backends())
@@ -38,21 +40,7 @@ def test_distributed_equals_single_process(reference, tmp_path, backend, opt, n)
     assert proc.returncode == 0, proc.stderr
     got, want = weights(path), reference[opt, n]
     # the weights moved: otherwise equality would prove nothing
-    start = weights_after_zero_steps(opt)
+    start = reference[opt, 0]
     assert any(not np.allclose(g, s) for g, s in zip(got, start))
     for g, w in zip(got, want):
         np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-7)
-
-
-_START = {}
-
-
-def weights_after_zero_steps(opt):
-    if opt not in _START:
-        import tempfile
-
-        path = tempfile.mktemp(suffix=".npz")
-        proc = mpirun(1, [SCRIPT, "mpi", opt, str(B), "0", path])
-        assert proc.returncode == 0, proc.stderr
-        _START[opt] = weights(path)
-    return _START[opt]

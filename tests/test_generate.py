@@ -9,25 +9,27 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import REPO, mpirun, train_args
+from conftest import REPO, mpirun, shared, train_args
 
 GAN = os.path.join(REPO, "models", "gan3d.py")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def tiny_run(showers_dir, tmp_path_factory):
     """A small-preset 3DGAN trained for one step: a run directory with its latest and best
-    checkpoints."""
-    out = tmp_path_factory.mktemp("gen") / "run"
-    proc = mpirun(1, train_args("--set", f"model={GAN}", "--set", f"data.files=[{showers_dir}/*.h5]",
-                                "--set", "hparams.preset=small", "--set", "train.batch_size=8",
-                                "--set", "train.epochs=1", "--set", "train.max_steps_per_epoch=1",
-                                "--set", "data.val_fraction=0.1",
-                                # keep a best checkpoint (without physics validation the GAN
-                                # has no default monitor), as a user selecting epochs would
-                                "--set", "train.best.monitor=val_g_loss", "--output", str(out)))
-    assert proc.returncode == 0, proc.stderr
-    return out
+    checkpoints (trained once per session, shared read-only)."""
+    def train(folder):
+        proc = mpirun(1, train_args("--set", f"model={GAN}", "--set", f"data.files=[{showers_dir}/*.h5]",
+                                    "--set", "hparams.preset=small", "--set", "train.batch_size=8",
+                                    "--set", "train.epochs=1", "--set", "train.max_steps_per_epoch=1",
+                                    "--set", "data.val_fraction=0.1",
+                                    # keep a best checkpoint (without physics validation the GAN
+                                    # has no default monitor), as a user selecting epochs would
+                                    "--set", "train.best.monitor=val_g_loss",
+                                    "--output", str(folder / "run")))
+        assert proc.returncode == 0, proc.stderr
+
+    return shared(tmp_path_factory, "tiny-gan-run", train) / "run"
 
 
 def generate(np_, run, output, *extra):
@@ -69,6 +71,7 @@ def test_one_and_two_ranks_give_the_same_showers_that_validate_reads(tiny_run, s
     assert result["events"] > 0 and np.isfinite(result["score"])
 
 
+@pytest.mark.smoke  # make check: the np=2 run of generate
 def test_drawn_conditions_lists_and_ranges(tiny_run, tmp_path):
     proc = generate(2, tiny_run, tmp_path / "log.h5", "--events", "9", "--batch-size", "4",
                     "--energy", "10", "500", "--energy-dist", "log", "--angle", "70", "110",

@@ -174,6 +174,7 @@ def test_real_sweep_of_the_supervised_model(toy_file, tmp_path):
         assert (report / png).stat().st_size > 5000
 
 
+@pytest.mark.smoke  # make check: the np=2 run of optimize
 def test_short_sweep_of_the_small_3dgan_on_the_physics_score(tmp_path):
     from mpilearn.calo.simulate import simulate
 

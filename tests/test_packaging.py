@@ -11,24 +11,29 @@ import subprocess
 import sys
 import zipfile
 
-from conftest import ENV, REPO
+import pytest
+
+from conftest import ENV, REPO, shared
 
 CACHE = os.path.join(os.environ.get("MPILEARN_CACHE") or os.path.expanduser("~/.cache/mpilearn"),
                      "wheelhouse")
 TORCH = "torch==2.13.0"  # the CPU build: pip's find-links here hold torch-2.13.0+cpu
 
 
-def build_wheel(tmp_path) -> str:
-    wheels = tmp_path / "wheels"
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
-                    "--no-build-isolation", "-w", str(wheels), REPO],
-                   check=True, capture_output=True, timeout=300)
-    (wheel,) = glob.glob(str(wheels / "mpilearn-*.whl"))
-    return wheel
+@pytest.fixture(scope="session")
+def wheel(tmp_path_factory) -> str:
+    """The project's wheel, built once per session (a build writes in the checkout's build/,
+    so two at once would collide) and shared read-only."""
+    def build(wheels):
+        subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
+                        "--no-build-isolation", "-w", str(wheels), REPO],
+                       check=True, capture_output=True, timeout=300)
+
+    (path,) = glob.glob(str(shared(tmp_path_factory, "wheel", build) / "mpilearn-*.whl"))
+    return path
 
 
-def test_the_wheel_holds_packages_models_and_the_jobs_templates(tmp_path):
-    wheel = build_wheel(tmp_path)
+def test_the_wheel_holds_packages_models_and_the_jobs_templates(wheel):
     z = zipfile.ZipFile(wheel)
     names = set(z.namelist())
     packages = {os.path.relpath(os.path.join(d, "__init__.py"), REPO)
@@ -75,8 +80,7 @@ def fresh_venv(tmp_path, wheel) -> str:
     return str(venv)
 
 
-def test_a_fresh_venv_with_the_wheel_runs_the_demo_job_and_finds_the_templates(tmp_path):
-    wheel = build_wheel(tmp_path)
+def test_a_fresh_venv_with_the_wheel_runs_the_demo_job_and_finds_the_templates(tmp_path, wheel):
     venv = fresh_venv(tmp_path, wheel)
     bin_ = os.path.join(venv, "bin")
     python = os.path.join(bin_, "python")

@@ -9,7 +9,8 @@ import time
 import pytest
 import torch
 
-from conftest import ENV, REPO, TESTS, kill9_after_mid_epoch_checkpoint, mpirun, mpirun_cmd, train_args
+from conftest import (ENV, REPO, TESTS, kill9_after_mid_epoch_checkpoint, mpirun, mpirun_cmd, shared,
+                      train_args)
 from mpilearn.train import checkpoint as ckpt
 
 
@@ -26,13 +27,15 @@ def final_weights(out):
     return state["task"]["models"]["model"]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def whole(toy_file, tmp_path_factory):
-    """The uninterrupted run both interrupted runs must reproduce."""
-    out = str(tmp_path_factory.mktemp("whole"))
-    proc = mpirun(2, args(toy_file, out))
-    assert proc.returncode == 0, proc.stderr
-    return out
+    """The uninterrupted run every interrupted run must reproduce (here and in
+    test_stop_signals; trained once per session, shared read-only)."""
+    def train(folder):
+        proc = mpirun(2, args(toy_file, str(folder / "run")))
+        assert proc.returncode == 0, proc.stderr
+
+    return str(shared(tmp_path_factory, "slow-mlp-whole", train) / "run")
 
 
 def test_kill9_then_resume_matches_uninterrupted(toy_file, tmp_path, whole):

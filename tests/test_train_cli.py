@@ -34,6 +34,7 @@ def test_two_ranks_equal_one_rank_with_double_batch_through_engine(toy_files, tm
     assert mb[-1]["val_loss"] < mb[0]["val_loss"] * 1.5  # trains, not diverges
 
 
+@pytest.mark.smoke  # make check: the np=2 run of train
 def test_run_directory_contents(toy_files, tmp_path):
     out = tmp_path / "run"
     proc = run(2, toy_files, out, "--set", "train.epochs=2", "--set", "train.lr_scaling=linear",
