@@ -258,6 +258,9 @@ def main(argv=None) -> int:
                    help="with --resume: continue although the config changed in what the "
                         "trials are (space, searcher, objective, folds, data, model, training)")
     p.add_argument("--no-progress", action="store_true")
+    from ..train.__main__ import add_force_unlock
+
+    add_force_unlock(p)
     args = p.parse_args(argv)
     preempt.install()
     ctx = mcomm.init()
@@ -270,6 +273,12 @@ def main(argv=None) -> int:
 
         sets = list(args.set) + ([f"output={args.output}"] if args.output else [])
         config = resolve(args.config, sets, schema=hpo_schema(), require_model=False)
+        from ..core import runlock
+        from ..train.checks import check_output
+
+        # one writer per sweep directory: the lock comes before anything is written there
+        check_on_root(world, check_output, config["output"] or "runs/hpo")
+        runlock.hold(world, config["output"] or "runs/hpo", args.force_unlock)
         info = world.bcast(check_on_root(world, prepare, config, world.Get_size(), args.resume,
                                            args.force), root=0)
         for note in info["notes"] if ctx.rank == 0 else ():

@@ -45,6 +45,8 @@ config keys (YAML; --set uses dotted names):
 
 outputs in the run directory: config.yaml, metrics.jsonl (one line per epoch),
 checkpoints/ (latest pointer + ckpt-eEEEE-sSSSSSSS.pt, best.pt), models/ (and models/best/).
+one writer: the run directory's .mpilearn.lock names the job that writes it; a second job
+exits 2 naming it (a requeued job takes its own lock back; a dead holder's is taken over).
 signals: SIGTERM, SIGINT or SIGUSR1 on any rank -> checkpoint after the current step, exit 75
 (through Open MPI's mpirun: launch with mpilearn-run, or send mpirun SIGUSR1).
 exit status: 0 done, 1 crash (the failing rank's traceback), 2 bad input,
@@ -76,7 +78,14 @@ def parse_args(argv=None):
                    help="with --resume: continue although the config changed in what is "
                         "trained (the changes are listed)")
     p.add_argument("--no-progress", action="store_true", help="no tqdm bar")
+    add_force_unlock(p)
     return p.parse_args(argv)
+
+
+def add_force_unlock(p) -> None:
+    p.add_argument("--force-unlock", action="store_true",
+                   help="take the run directory's lock although its holder (named) may still "
+                        "write there: only when that job is surely gone")
 
 
 def main(argv=None) -> int:
@@ -112,10 +121,17 @@ def run(args, make_config, after=None) -> int:
         config = make_config(ctx)
         if args.resume and not (args.output or config["output"]):
             raise UsageError("--resume needs the run directory: --output DIR")
+        from ..core import runlock
+        from ..core.comm import check_on_root
+        from .checks import check_output, default_output
         from .engine import Trainer
 
+        # one writer per run directory: the lock comes before anything is written there
+        output = ctx.comm.bcast(args.output or config["output"] or default_output(config))
+        check_on_root(ctx.comm, check_output, output)
+        runlock.hold(ctx.comm, output, args.force_unlock)
         resume = {None: False, "latest": True, "auto": "auto"}[args.resume]
-        trainer = Trainer(config, ctx, output=args.output, resume=resume,
+        trainer = Trainer(config, ctx, output=output, resume=resume,
                           progress=not args.no_progress, overwrite=args.overwrite,
                           force=args.force)
         last = trainer.fit()
