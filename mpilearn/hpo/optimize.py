@@ -24,7 +24,7 @@ import sys
 
 from ..cluster.launcher import RankZeroArgumentParser
 from ..core import comm as mcomm
-from ..cluster import preempt
+from ..cluster import preempt, stage
 from ..core.comm import check_on_root
 from ..errors import UsageError, exit_status
 from . import layout
@@ -265,6 +265,7 @@ def main(argv=None) -> int:
     preempt.install()
     ctx = mcomm.init()
     world = ctx.comm
+    stage.leave_on_exit(ctx.local_rank)
     try:
         line = mcomm.check_launch(ctx)
         if ctx.rank == 0:

@@ -112,8 +112,11 @@ def run(args, make_config, after=None) -> int:
     from ..core import comm as mcomm
     from ..cluster import preempt
 
+    from ..cluster import stage
+
     preempt.install()
     ctx = mcomm.init()
+    stage.leave_on_exit(ctx.local_rank)
     try:
         line = mcomm.check_launch(ctx)
         if ctx.rank == 0:
