@@ -90,7 +90,7 @@ def plan(kind: str, config: dict, config_path: str, launcher: str,
         if sum(counts) < alloc["ntasks"]:
             placed = ", ".join(f"{h} x{n}" for h, n in zip(alloc["hosts"], counts) if n)
             note = (f"mpilearn: the sweep uses {sum(counts)} of the allocation's "
-                    f"{describe(alloc)} ({placed})")
+                    f"{describe(alloc)}; ranks placed: {placed}")
     else:
         counts = alloc["slots"]
     if hostfile and (kind == "hpo" or launcher == "mpirun"):
