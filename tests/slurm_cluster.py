@@ -38,7 +38,10 @@ def _free_ports(n: int) -> list:
 
 
 class Cluster:
-    def __init__(self, cpus: int = 8):
+    def __init__(self, cpus: int = 8, preemption: bool = False):
+        """``preemption``: a job in the partition ``urgent`` preempts jobs of the default
+        partition (PreemptMode=REQUEUE, SIGTERM then GraceTime seconds to stop)."""
+        self.preemption = preemption
         self.dir = tempfile.mkdtemp(prefix="mpilearn-slurm-")
         self.host = socket.gethostname()
         self.cpus = cpus
@@ -89,6 +92,13 @@ KillWait=20
 NodeName={self.host} CPUs={self.cpus} RealMemory=8000 State=UNKNOWN
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 """
+        if self.preemption:
+            conf = conf.replace(
+                "PartitionName=debug",
+                "PreemptType=preempt/partition_prio\nPreemptMode=REQUEUE\nPartitionName=debug"
+            ).replace("State=UP\n", "State=UP PriorityTier=1 GraceTime=30\n") + (
+                "PartitionName=urgent Nodes=ALL MaxTime=INFINITE State=UP PriorityTier=10 "
+                "PreemptMode=OFF\n")
         with open(self.path("slurm.conf"), "w") as f:
             f.write(conf)
 
@@ -164,8 +174,9 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
                     time.sleep(3)
                     self.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"])
                     return
-            if info["Restarts"] != "0" and info["JobState"] != "PENDING":
-                return  # already running again
+            if info["Restarts"] != "0" and info["JobState"] not in ("PENDING", "COMPLETING",
+                                                                    "REQUEUED"):
+                return  # already running again (not the requeue's own passing states)
             time.sleep(0.2)
         raise AssertionError(f"job {job_id} was not requeued within {timeout} s\n{self.logs()}")
 

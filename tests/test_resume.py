@@ -21,6 +21,13 @@ def args(toy_file, out):
                       "--set", "hparams.sleep=0.04", "--output", out)
 
 
+def epoch_losses(out):
+    """Every epoch's losses as logged (float64 from the JSON)."""
+    with open(os.path.join(out, "metrics.jsonl")) as f:
+        records = [json.loads(line) for line in f]
+    return [(r["epoch"], r["train_loss"], r["val_loss"]) for r in records if "time" in r]
+
+
 def final_weights(out):
     state = ckpt.load(ckpt.latest(os.path.join(out, "checkpoints")))
     assert state["epoch"] == 3 and state["step_in_epoch"] == 0
@@ -54,6 +61,11 @@ def test_kill9_then_resume_matches_uninterrupted(toy_file, tmp_path, whole):
     # the metrics of the killed epochs were kept and the resumed ones appended
     lines = open(os.path.join(cut, "metrics.jsonl")).read().splitlines()
     assert [json.loads(l)["epoch"] for l in lines] == [1, 2, 3]
+    # the interrupted epoch's training loss too: every rank's running sums were checkpointed
+    assert epoch_losses(cut) == epoch_losses(whole)
+    # the killed holder's lock was taken over, with one line naming it
+    assert proc.stdout.count("mpilearn: took over the lock ") == 1, proc.stdout
+    assert "is gone" in proc.stdout and not os.path.exists(os.path.join(cut, ".mpilearn.lock"))
 
 
 def test_stop_signal_checkpoints_exits_75_and_resume_auto_matches(toy_file, tmp_path, whole):
@@ -78,5 +90,6 @@ def test_stop_signal_checkpoints_exits_75_and_resume_auto_matches(toy_file, tmp_
     got, want = final_weights(out), final_weights(whole)
     for k in want:
         torch.testing.assert_close(got[k], want[k], rtol=0, atol=0)
+    assert epoch_losses(out) == epoch_losses(whole)  # the stopped epoch's train_loss too
     again = mpirun(2, args(toy_file, out) + ["--resume", "auto"])  # a finished run stays finished
     assert again.returncode == 0 and "done after 3 epoch(s)" in again.stdout

@@ -26,7 +26,7 @@ def slurm():
                         "slurm-wlm, munge and libpmix-dev (make slurm-packages)")
         pytest.skip(f"*** SLURM TESTS SKIPPED: {', '.join(need)} missing and this user cannot "
                     "apt-get install them (needs root): the jobs/ scripts are NOT tested here ***")
-    cluster = Cluster().start()
+    cluster = Cluster(preemption=True).start()
     try:
         yield cluster
     finally:
@@ -135,3 +135,55 @@ def test_mpirun_sweep_inside_the_allocation_survives_a_requeue(slurm, toy_file, 
     done = [r["key"] for r in events if r["event"] == "done"]
     assert interrupted and len(done) == 4 and len(set(done)) == 4 and interrupted <= set(done), log
     assert "sweep stopped" in log and "sweep finished: 4 trials (4 done" in log
+
+
+def test_scancel_stops_for_good_one_writer_and_a_preempted_job_resumes(slurm, toy_file, tmp_path):
+    """One run directory, three jobs: a second job submitted while the first trains exits 2
+    naming it; a plain scancel leaves the first CANCELLED (not requeued) with one line and a
+    checkpoint; the same sbatch again resumes; preempted (PreemptMode=REQUEUE), that job is
+    requeued and resumes; every epoch is logged once."""
+    epochs = 12
+    config = train_config(tmp_path, toy_file, epochs=epochs, max_steps_per_epoch=10)
+    slow = ["--set", "hparams.sleep=0.25"]  # 2.5 s an epoch
+    out = tmp_path / "run"
+    metrics = out / "metrics.jsonl"
+    first = submit(slurm, tmp_path, "train.sbatch", config, str(out), *slow)
+    wait_for(metrics)
+    second = submit(slurm, tmp_path, "train.sbatch", config, str(out), *slow)
+    info = slurm.wait(second)
+    log = log_of(tmp_path, second)
+    assert info["ExitCode"] == "2:0" and slurm.job(first)["JobState"] == "RUNNING", log
+    refusal = [line for line in log.splitlines() if "being written by another job" in line]
+    assert len(refusal) == 1, log
+    assert (f"(host {slurm.host}, PID " in refusal[0] and f", SLURM job {first}, started "
+            in refusal[0] and f"scancel {first}" in refusal[0]), refusal
+
+    slurm.run(["scancel", first])
+    info = slurm.wait(first)
+    log = log_of(tmp_path, first)
+    assert info["JobState"] == "CANCELLED" and info["Restarts"] == "0", log
+    saved = ckpt.latest(str(out / "checkpoints"))
+    cancelled = [line for line in log.splitlines() if "cancelled (" in line]
+    assert len(cancelled) == 1 and f"job {first} was cancelled" in cancelled[0], log
+    assert f"its state is saved in {saved};" in cancelled[0] and "requeueing" not in log, log
+    assert ckpt.load(saved)["step_in_epoch"] > 0  # the position at the cancel, mid-epoch
+    assert not (out / ".mpilearn.lock").exists() and not (out / f"hosts-{first}").exists()
+    time.sleep(2)
+    assert slurm.job(first)["JobState"] == "CANCELLED"  # and it stays so
+
+    third = submit(slurm, tmp_path, "train.sbatch", config, str(out), *slow)
+    logged = len(read_jsonl(str(metrics)))
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and len(read_jsonl(str(metrics))) <= logged:
+        time.sleep(0.2)
+    # a job of a higher-priority partition wants every CPU: the third job is preempted
+    slurm.sbatch("--partition=urgent", f"--ntasks={slurm.cpus}", "--output=/dev/null",
+                 "--wrap", "sleep 1")
+    slurm.skip_requeue_hold(third)
+    info = slurm.wait(third)
+    log = log_of(tmp_path, third)
+    assert info["JobState"] == "COMPLETED" and info["Restarts"] == "1", log + slurm.logs()
+    assert log.count("resumed from") == 2 and "restart 1 on" in log, log
+    assert "was cancelled" not in log, log
+    records = [r for r in read_jsonl(str(metrics)) if "time" in r]
+    assert [r["epoch"] for r in records] == list(range(1, epochs + 1)), records

@@ -108,7 +108,42 @@ def test_the_sbatch_scripts_run_across_both_nodes(nodes, toy_file, tmp_path):
     job = submit(nodes, tmp_path, os.path.join(REPO, "jobs", "hpo.sbatch"), str(path), str(out),
                  flags=["--nodes=2", "--ntasks-per-node=3"])
     log = finished(nodes, tmp_path, job)
-    hostfile = open(out / f"hosts-{job}").read().split()
-    assert hostfile == [NODES[0]] * 3 + [NODES[1]] * 2, hostfile
+    # the host file placed 3 + 2 tasks, and went with the job
     assert "the sweep uses 5 of the allocation's 6 task(s) on 2 node(s)" in log, log
+    assert f"; ranks placed: {NODES[0]} x3, {NODES[1]} x2\n" in log, log
+    assert not os.path.exists(out / f"hosts-{job}")
     assert len([r for r in read_jsonl(str(out / "journal.jsonl")) if r["event"] == "done"]) == 2
+
+
+def test_a_cancelled_job_leaves_no_stage_on_any_node(nodes, toy_file, tmp_path):
+    """scancel of a job that staged its data on both nodes: no stage remains on either (the
+    node-local rank 0 removes its node's; a cancelled job cannot srun its clean-up), and the
+    stages a job killed with its nodes left are removed by the next job's staging."""
+    from test_slurm import wait_for
+
+    for node in NODES:  # what a job that died with its nodes left behind
+        os.makedirs(nodes.path(f"tmp-{node}", "mpilearn-9999", "data"))
+    cfg = {"model": f"{TESTS}/models/slow.py", "hparams": {"sleep": 0.2},
+           "data": {"files": [toy_file]},
+           "train": {"epochs": 20, "batch_size": 16, "max_steps_per_epoch": 10}}
+    config = tmp_path / "train.yaml"
+    config.write_text(yaml.safe_dump(cfg))
+    site = tmp_path / "site.yaml"
+    site.write_text(yaml.safe_dump({"stage_to": nodes.path("nodetmp")}))
+    script = tmp_path / "staged.sbatch"
+    script.write_text(subprocess.run([sys.executable, "-m", "mpilearn.jobs", "--config",
+                                      str(config), "--site", str(site)], cwd=REPO,
+                                     capture_output=True, text=True, check=True).stdout)
+    out = tmp_path / "run"
+    job = submit(nodes, tmp_path, str(script), str(config), str(out),
+                 flags=["--nodes=2", "--ntasks-per-node=2"])
+    wait_for(out / "metrics.jsonl")
+    nodes.run(["scancel", job])
+    info = nodes.wait(job)
+    log = open(tmp_path / f"slurm-{job}.out").read()
+    assert info["JobState"] == "CANCELLED" and info["Restarts"] == "0", log
+    assert log.count(f"mpilearn: job {job} was cancelled") == 1, log
+    for node in NODES:
+        assert f"removed {nodes.path('nodetmp', 'mpilearn-9999')} on {node}," in log, log
+        left = [n for n in os.listdir(nodes.path(f"tmp-{node}")) if n.startswith("mpilearn-")]
+        assert left == [], (node, left, log)

@@ -247,6 +247,9 @@ def main(argv=None) -> int:
                    help="ECAL's compression (gzip level 1, as the simulated files; none: "
                    "faster writing where rank 0's writes limit the rate)")
     p.add_argument("--no-progress", dest="progress", action="store_false")
+    from ..train.__main__ import add_force_unlock
+
+    add_force_unlock(p)
     args = p.parse_args(argv)
     args.angle_given = args.angle is not None
     args.angle = args.angle or [60.0, 120.0]
@@ -263,6 +266,9 @@ def main(argv=None) -> int:
         if args.device == "cuda" and torch.cuda.is_available():
             args.device = f"cuda:{ctx.local_rank % torch.cuda.device_count()}"
         plan = ctx.comm.bcast(check_on_root(ctx.comm, prepare, args), root=0)
+        from ..core import runlock
+
+        runlock.hold(ctx.comm, args.output, args.force_unlock, single_file=True)  # one writer
         task, epoch = load_task(plan.checkpoint, plan.config)
         task.seed = args.seed
         table = ctx.comm.bcast(check_on_root(ctx.comm, plan_conditions, args, plan, task), root=0)

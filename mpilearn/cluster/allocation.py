@@ -87,8 +87,9 @@ def plan(kind: str, config: dict, config_path: str, launcher: str,
         blocks, width = config["search"]["blocks"], sweep_width(config)
         counts = place_sweep(alloc, blocks, width, config_path)
         if sum(counts) < alloc["ntasks"]:
+            placed = ", ".join(f"{h} x{n}" for h, n in zip(alloc["hosts"], counts) if n)
             note = (f"mpilearn: the sweep uses {sum(counts)} of the allocation's "
-                    f"{describe(alloc)}")
+                    f"{describe(alloc)}; ranks placed: {placed}")
     else:
         counts = alloc["slots"]
     if hostfile and (kind == "hpo" or launcher == "mpirun"):

@@ -10,6 +10,19 @@ rank, and requeues itself when mpilearn exits 75 (stopped with its state saved);
 picks up with ``--resume auto``. The ``#SBATCH`` lines are defaults: the rank count and the
 nodes come from the allocation at job start (``--plan``), so ``sbatch --ntasks/--nodes/...``
 resize a job. The scripts in ``jobs/`` are this command's output for ``jobs/site-example.yaml``.
+
+Stopping a job (every rank checkpoints after its current step, then the job ends):
+  scancel JOB                        stop for good: the job stays CANCELLED and says where its
+                                     checkpoint is; sbatch the same script again to continue
+  scancel --batch --signal=USR1 JOB  checkpoint and requeue now (what the time-limit warning
+                                     does); scontrol requeue JOB also requeues it (by SLURM)
+  MPILEARN_REQUEUE=0 sbatch ...      never requeue itself, not even at the time limit (chains:
+                                     jobs/chain.sh); the default 1 requeues a job that stopped
+                                     with its state saved while it still runs
+A preempted job (PreemptMode=REQUEUE) is requeued by SLURM and resumes. A run directory has
+one writer: a second job on it exits 2 naming the first (--force-unlock overrides). The
+node-local stage (stage_to) and the host file go when the job ends; those of jobs that died
+without clean-up are removed by the next job.
 """
 from __future__ import annotations
 
@@ -45,6 +58,9 @@ SITE = {
 }
 
 ENTRY = {"train": "mpilearn.train", "hpo": "mpilearn.optimize"}
+# where a stopped job's state is, as the batch script names it
+SAVED = {"train": '"$OUTPUT/checkpoints/$(cat "$OUTPUT/checkpoints/latest" 2>/dev/null)"',
+         "hpo": '"$OUTPUT/journal.jsonl (and each interrupted fold\'s checkpoints)"'}
 
 # the ready scripts in jobs/: file -> (kind, config, launcher), rendered for site-example.yaml
 EXAMPLES = {
@@ -184,13 +200,27 @@ def render(kind: str, config_path: str, output: str, config: dict, site: dict) -
         "trap 'kill -USR1 $pid 2>/dev/null' USR1 TERM",
         'wait "$pid"; rc=$?',
         'while [ $rc -gt 128 ] && kill -0 "$pid" 2>/dev/null; do wait "$pid"; rc=$?; done',
-        'if [ $rc -eq 75 ] && [ "${MPILEARN_REQUEUE:-1}" = 1 ]; then',
+        'rm -f "$HOSTFILE"',
+        "# 75: stopped with its state saved. Only a job that still runs requeues itself (the",
+        "# time-limit warning, or a signal sent by hand without cancelling); a cancelled job",
+        "# stays cancelled, and SLURM requeues a preempted one (PreemptMode=REQUEUE) itself",
+        "state=$( [ $rc -ne 0 ] && scontrol show job -o \"$SLURM_JOB_ID\" 2>/dev/null "
+        "| grep -o 'JobState=[A-Z_]*')",
+        f'saved={SAVED[kind]}',
+        'if [ $rc -ne 0 ] && [ "${state#JobState=}" != RUNNING ]; then',
+        '  echo "mpilearn: job $SLURM_JOB_ID was cancelled (${state:-JobState unknown}, exit '
+        '$rc): it stays cancelled, not requeued; its state is saved in $saved; sbatch the same '
+        'script again to continue"',
+        'elif [ $rc -eq 75 ] && [ "${MPILEARN_REQUEUE:-1}" = 1 ]; then',
     ]
     if site["stage_to"]:
         lines.append("  unstage  # before the requeue ends this shell")
     lines += [
         '  echo "mpilearn: stopped with its state saved; requeueing job $SLURM_JOB_ID"',
         '  scontrol requeue "$SLURM_JOB_ID"',
+        "elif [ $rc -eq 75 ]; then",
+        '  echo "mpilearn: stopped with its state saved in $saved; not requeued '
+        '(MPILEARN_REQUEUE=$MPILEARN_REQUEUE)"',
         "fi",
         "exit $rc",
     ]
@@ -248,13 +278,31 @@ def _stage(stage_dir: str, config: dict) -> None:
     """One node's copy of the data files (run once per node by the batch script)."""
     import socket
 
-    from .stage import stage
+    from .stage import remove_left_behind, stage
     from ..train.checks import expand_files
 
+    for path in remove_left_behind(stage_dir):
+        print(f"mpilearn: removed {path} on {socket.gethostname()}, the stage of a job that "
+              "no longer runs", flush=True)
     data = config["data"]
     files, size = stage(expand_files(data["files"]) + expand_files(data["val_files"]), stage_dir)
     print(f"mpilearn: staged {files} file(s), {size / 2**20:.1f} MiB, to {stage_dir} on "
           f"{socket.gethostname()}", flush=True)
+
+
+def remove_old_hostfiles(hostfile: str) -> list:
+    """Host files beside ``hostfile`` (hosts-<job id>) of jobs that no longer run."""
+    import glob
+
+    from . import slurmjob
+
+    removed = []
+    for path in glob.glob(os.path.join(os.path.dirname(hostfile) or ".", "hosts-*")):
+        job = os.path.basename(path)[len("hosts-"):]
+        if path != hostfile and job.isdigit() and slurmjob.running(job) is False:
+            os.unlink(path)
+            removed.append(path)
+    return removed
 
 
 def main(argv=None) -> int:
@@ -298,6 +346,10 @@ def main(argv=None) -> int:
                 return 0
             from .allocation import plan
 
+            if args.hostfile:
+                for path in remove_old_hostfiles(args.hostfile):
+                    sys.stderr.write(f"mpilearn: removed {path}, the host file of a job that "
+                                     "no longer runs\n")
             ntasks, note = plan(args.kind, config, args.config, args.launcher or "srun",
                                 args.hostfile)
             if note:

@@ -42,3 +42,35 @@ def stage(paths: Iterable[str], stage_dir: str) -> tuple:
         os.replace(part, target)
         files, size = files + 1, size + os.path.getsize(target)
     return files, size
+
+
+PREFIX = "mpilearn-"  # a stage directory is <stage_to>/mpilearn-<SLURM job id>
+
+
+def leave_on_exit(local_rank: int) -> None:
+    """Node-local rank 0 removes its node's stage when its process ends, whatever ended the
+    job (the batch script's own clean-up needs ``srun``, which a cancelled job cannot run)."""
+    import atexit
+
+    stage_dir = os.environ.get(ENV)
+    if stage_dir and local_rank == 0 and os.path.basename(stage_dir).startswith(PREFIX):
+        atexit.register(shutil.rmtree, stage_dir, True)
+
+
+def remove_left_behind(stage_dir: str) -> list:
+    """The stages beside ``stage_dir`` whose SLURM jobs no longer run (a node failure or a
+    SIGKILL left them): removed. Returns their paths."""
+    import glob
+
+    from . import slurmjob
+
+    removed = []
+    mine = os.path.basename(os.path.normpath(stage_dir))
+    for path in glob.glob(os.path.join(os.path.dirname(os.path.normpath(stage_dir)), PREFIX + "*")):
+        job = os.path.basename(path)[len(PREFIX):]
+        if os.path.basename(path) == mine or not job.isdigit() or not os.path.isdir(path):
+            continue
+        if os.stat(path).st_uid == os.getuid() and slurmjob.running(job) is False:
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed

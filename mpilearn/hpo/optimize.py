@@ -25,7 +25,7 @@ import sys
 
 from ..cluster.launcher import RankZeroArgumentParser
 from ..core import comm as mcomm
-from ..cluster import preempt
+from ..cluster import preempt, stage
 from ..core.comm import check_on_root
 from ..errors import SweepFailed, UsageError, exit_status
 from . import layout
@@ -101,6 +101,9 @@ def plan(config: dict, world_size: int, resume, force: bool = False) -> dict:
     check_points(s["enqueue"], space)
     warm = warm_start(s["warm_start"])
     output = config["output"] or "runs/hpo"
+    from ..train.checks import check_output
+
+    check_output(output)
     journal = os.path.join(output, "journal.jsonl")
     if os.path.exists(journal) and not resume:
         raise UsageError(f"{output} already holds a sweep: use --resume, or another --output")
@@ -292,10 +295,14 @@ def main(argv=None) -> int:
                    help="with --resume: continue although the config changed in what the "
                         "trials are (space, searcher, objective, folds, data, model, training)")
     p.add_argument("--no-progress", action="store_true")
+    from ..train.__main__ import add_force_unlock
+
+    add_force_unlock(p)
     args = p.parse_args(argv)
     preempt.install()
     ctx = mcomm.init()
     world = ctx.comm
+    stage.leave_on_exit(ctx.local_rank)
     try:
         line = mcomm.check_launch(ctx)
         if ctx.rank == 0:
@@ -304,8 +311,12 @@ def main(argv=None) -> int:
 
         sets = list(args.set) + ([f"output={args.output}"] if args.output else [])
         config = resolve(args.config, sets, schema=hpo_schema(), require_model=False)
-        # plan (every check, one verdict from rank 0), then build from it
+        from ..core import runlock
+
+        # plan (every check, one verdict from rank 0); one writer per sweep directory: the
+        # lock comes before anything is written there; then build from the plan
         planned = check_on_root(world, plan, config, world.Get_size(), args.resume, args.force)
+        runlock.hold(world, config["output"] or "runs/hpo", args.force_unlock)
         info = world.bcast(start(planned, config) if ctx.rank == 0 else None, root=0)
         for note in info["notes"] if ctx.rank == 0 else ():
             print(note, flush=True)

@@ -94,8 +94,10 @@ def main(argv=None) -> int:
     p.add_argument("--overwrite", action="store_true", help="replace an earlier refit")
     p.add_argument("--force", action="store_true", help="with --resume: accept a changed config")
     p.add_argument("--no-progress", action="store_true")
+    from ..train.__main__ import add_force_unlock, run
+
+    add_force_unlock(p)
     args = p.parse_args(argv)
-    from ..train.__main__ import run
 
     chosen = {}
 

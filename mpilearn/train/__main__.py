@@ -45,6 +45,8 @@ config keys (YAML; --set uses dotted names):
 
 outputs in the run directory: config.yaml, metrics.jsonl (one line per epoch),
 checkpoints/ (latest pointer + ckpt-eEEEE-sSSSSSSS.pt, best.pt), models/ (and models/best/).
+one writer: the run directory's .mpilearn.lock names the job that writes it; a second job
+exits 2 naming it (a requeued job takes its own lock back; a dead holder's is taken over).
 signals: SIGTERM, SIGINT or SIGUSR1 on any rank -> checkpoint after the current step, exit 75
 (through Open MPI's mpirun: launch with mpilearn-run, or send mpirun SIGUSR1); during start-up,
 before the first step: nothing to save, one line, exit 75 too.
@@ -77,7 +79,14 @@ def parse_args(argv=None):
                    help="with --resume: continue although the config changed in what is "
                         "trained (the changes are listed)")
     p.add_argument("--no-progress", action="store_true", help="no tqdm bar")
+    add_force_unlock(p)
     return p.parse_args(argv)
+
+
+def add_force_unlock(p) -> None:
+    p.add_argument("--force-unlock", action="store_true",
+                   help="take the run directory's lock although its holder (named) may still "
+                        "write there: only when that job is surely gone")
 
 
 def main(argv=None) -> int:
@@ -101,12 +110,13 @@ def run(args, make_config, after=None) -> int:
     """The body of every command that trains one run (this one, ``mpilearn.hpo.refit``): stop
     signals, MPI, the launcher check, ``make_config(ctx)``, the Trainer, then
     ``after(ctx, last epoch record)``; the exit status."""
+    from ..cluster import preempt, stage
     from ..core import comm as mcomm
-    from ..cluster import preempt
     from .stops import before_start
 
     preempt.install()
     ctx = mcomm.init()
+    stage.leave_on_exit(ctx.local_rank)
     try:
         line = mcomm.check_launch(ctx)
         if ctx.rank == 0:
@@ -117,10 +127,17 @@ def run(args, make_config, after=None) -> int:
         config = make_config(ctx)
         if args.resume and not (args.output or config["output"]):
             raise UsageError("--resume needs the run directory: --output DIR")
+        from ..core import runlock
+        from ..core.comm import check_on_root
+        from .checks import check_output, default_output
         from .engine import Trainer
 
+        # one writer per run directory: the lock comes before anything is written there
+        output = ctx.comm.bcast(args.output or config["output"] or default_output(config))
+        check_on_root(ctx.comm, check_output, output)
+        runlock.hold(ctx.comm, output, args.force_unlock)
         resume = {None: False, "latest": True, "auto": "auto"}[args.resume]
-        trainer = Trainer(config, ctx, output=args.output, resume=resume,
+        trainer = Trainer(config, ctx, output=output, resume=resume,
                           progress=not args.no_progress, overwrite=args.overwrite,
                           force=args.force)
         before_start(ctx.comm)

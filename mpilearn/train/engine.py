@@ -151,12 +151,15 @@ class Trainer:
     def _save(self) -> Optional[str]:
         """Collective; rank 0 writes the checkpoint and returns its path."""
         rngs = self.ctx.comm.gather(ckpt.rng_state(), root=0)
+        # every rank's running sums: a resumed epoch's record is then the uninterrupted one's
+        accs = self.ctx.comm.gather(self.acc, root=0)
         strategy = self.strategy.state_dict()  # collective: other ranks' own state
         if self.ctx.rank != 0:
             return None
         state = {"task": self.task.state_dict(), "epoch": self.epoch,
                  "step_in_epoch": self.step_in_epoch, "global_step": self.global_step,
-                 "rng": rngs, "acc": self.acc, "world_size": self.ctx.size,
+                 "rng": rngs, "acc": self.acc, "acc_per_rank": accs,
+                 "world_size": self.ctx.size,
                  "strategy": strategy,
                  "callbacks": {cb.name: cb.state_dict() for cb in self.callbacks}}
         return ckpt.save(self.ckpt_dir, ckpt.name_for(self.epoch, self.step_in_epoch), state,
@@ -172,7 +175,8 @@ class Trainer:
             raise UsageError(f"--resume: {path} is not a checkpoint of this model and optimizer: "
                              f"{detail}") from None
         self.epoch, self.step_in_epoch = state["epoch"], state["step_in_epoch"]
-        self.global_step, self.acc = state["global_step"], state["acc"]
+        self.global_step = state["global_step"]
+        self.acc = self._restored_acc(state)
         saved = state.get("callbacks", {})
         for cb in self.callbacks:
             if saved.get(cb.name):
@@ -187,6 +191,21 @@ class Trainer:
         if self.ctx.rank == 0:
             print(f"mpilearn: resumed from {path} (epoch {self.epoch}, step {self.step_in_epoch})",
                   flush=True)
+
+    def _restored_acc(self, state: dict) -> dict:
+        """This rank's running sums of the checkpointed epoch. With another rank count, the
+        saved ranks' loss sums and step counts go to rank 0 (the epoch's means stay right);
+        a checkpoint from before ``acc_per_rank`` held rank 0's sums only."""
+        accs = state.get("acc_per_rank") or [state["acc"]]
+        if len(accs) == self.ctx.size:
+            return accs[self.ctx.rank]
+        if self.ctx.rank != 0:
+            return self._empty_acc()
+        acc = dict(accs[0], losses={}, steps=sum(a["steps"] for a in accs))
+        for a in accs:
+            for k, v in a["losses"].items():
+                acc["losses"][k] = acc["losses"].get(k, 0.0) + v
+        return acc
 
     def _logged_epochs(self) -> list:
         """Epoch records of the checkpointed epochs (the last one where an epoch repeats)."""
