@@ -71,7 +71,7 @@ def test_every_rendered_mpijob_validates_against_the_operators_crd(kind, impl, g
     assert spec["mpiImplementation"] == impl
     assert spec["mpiReplicaSpecs"]["Worker"]["replicas"] == 2
     # a sweep's 4 training ranks (2 blocks x 2 folds) over 2 workers; a run: a rank per GPU
-    assert spec["slotsPerWorker"] == (2 if kind == "hpo" or gpus else 2)
+    assert spec["slotsPerWorker"] == 2
     assert spec["runPolicy"]["backoffLimit"] >= 1 and spec["runPolicy"]["cleanPodPolicy"]
     launcher = spec["mpiReplicaSpecs"]["Launcher"]
     assert launcher["restartPolicy"] == "OnFailure"  # a restart resumes
