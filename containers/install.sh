@@ -54,6 +54,7 @@ Host *
     UserKnownHostsFile /dev/null
     Port $port
     ConnectionAttempts 10
+    LogLevel ERROR
 CONF
     # a non-root sshd: its pid file and host key in HOME; StrictModes off because the
     # Secret's files are not owned by the user

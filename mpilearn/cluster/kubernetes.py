@@ -106,8 +106,9 @@ def launcher_script(kind: str, kube: dict, per_worker: int) -> str:
             '--config "$CONFIG" --hostfile "$HOSTFILE" "$@") || exit 2')
     if impl == "OpenMPI":
         # the ranks on the workers get only what -x forwards (ssh starts a bare environment)
-        forward = " ".join(f"-x {v}" for v in ("PATH", "LD_LIBRARY_PATH", "K_MPI_JOB_ROLE",
-                                                "MPILEARN_HOSTFILE", "OMP_NUM_THREADS"))
+        forward = " ".join(f"-x {v}" for v in ("PATH", "K_MPI_JOB_ROLE", "MPILEARN_HOSTFILE",
+                                                "OMP_NUM_THREADS"))
+        forward += " ${LD_LIBRARY_PATH:+-x LD_LIBRARY_PATH}"  # set in CUDA images
         launch = f'mpirun -np "$NTASKS" --hostfile "$HOSTFILE" --map-by slot --bind-to none {forward}'
     else:  # Hydra (MPICH, Intel MPI) forwards the whole environment
         launch = 'mpirun -n "$NTASKS" -f "$HOSTFILE"'
@@ -127,6 +128,11 @@ def launcher_script(kind: str, kube: dict, per_worker: int) -> str:
         "trap 'kill -USR1 $pid 2>/dev/null' TERM",
         'wait "$pid"; rc=$?',
         'while [ $rc -gt 128 ] && kill -0 "$pid" 2>/dev/null; do wait "$pid"; rc=$?; done',
+        # mpilearn said why for 2 (bad input) and 75 (stopped, state saved); a lost worker
+        # pod or a crash ends mpirun with its own report: say what happens next, once
+        'case $rc in 0|2|75) ;; *) echo "mpilearn: mpirun ended with status $rc (a worker pod '
+        'lost, or a rank failed: see above); a restart of the launcher resumes from the last '
+        'checkpoint" >&2 ;; esac',
         'exit $rc',
     ]
     return "\n".join(lines) + "\n"
