@@ -3,6 +3,7 @@ and the Apptainer image (containers/mpilearn.def). OCI runtimes do not run on th
 (podman stops on "cgroups in hybrid mode not supported"), so the script is tested on its own,
 in a fresh directory and virtual environment, and `make demo` runs with what it built."""
 import os
+import shutil
 import site
 import subprocess
 import sys
@@ -27,7 +28,12 @@ def test_install_script_builds_an_environment_that_runs_make_demo(tmp_path):
     # the loader's path
     shared = os.path.dirname(os.path.dirname(sys.executable))
     env = {**ENV, "PATH": f"{shared}/bin:{ENV['PATH']}", "LD_LIBRARY_PATH": f"{shared}/lib"}
-    proc = subprocess.run(["bash", SCRIPT, "venv", str(prefix), REPO], cwd=tmp_path, env=env,
+    # a fresh copy of the source, as an image build has (pip builds in it: build/, egg-info)
+    src = tmp_path / "src"
+    shutil.copytree(REPO, src, ignore=shutil.ignore_patterns(
+        ".git", ".venv", "runs", "build", "*.egg-info", "__pycache__", ".*cache", ".bench-deps"))
+    proc = subprocess.run(["bash", str(src / "containers" / "install.sh"), "venv", str(prefix),
+                           str(src)], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "install.sh: mpilearn" in proc.stdout and "Open MPI" in proc.stdout, proc.stdout
