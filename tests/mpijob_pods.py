@@ -40,6 +40,7 @@ class MPIJobPods:
         self.launcher = f"{job}-launcher"
         self.slots = slots
         self.sshd = {}  # worker index -> Popen
+        self.worker_command = ["/usr/sbin/sshd", "-De", "-f", ".sshd_config"]
 
     def fqdn(self, name: str) -> str:
         return f"{name}.{self.job}.{self.namespace}.svc"
@@ -48,7 +49,9 @@ class MPIJobPods:
         return os.path.join(self.root, *parts)
 
     # -- set-up -----------------------------------------------------------------------------
-    def start(self) -> "MPIJobPods":
+    def start(self, worker_command: list = None) -> "MPIJobPods":
+        """``worker_command``: the worker container's command from the rendered manifest."""
+        self.worker_command = worker_command or self.worker_command
         self._teardown_network()
         bridge = f"{PREFIX}br0"
         _ip("link", "add", bridge, "type", "bridge")
@@ -96,22 +99,25 @@ class MPIJobPods:
             self.start_worker(i)
         return self
 
-    def _pod(self, index: int, hostname: str, command: list, **kw) -> subprocess.Popen:
-        """``command`` in pod ``index``'s namespaces, with its host name and /etc/hosts."""
+    def _pod(self, index: int, hostname: str, command: list, pid: bool = False,
+             **kw) -> subprocess.Popen:
+        """``command`` in pod ``index``'s namespaces, with its host name and /etc/hosts;
+        ``pid``: in its own PID namespace too (its processes see only each other)."""
         script = ('mount --bind "$1" /etc/hosts && mount --bind "$2" /etc/ssh/ssh_config && '
                   'mount --bind "$3" "$HOME/.ssh" && hostname "$4" && shift 4 && exec "$@"')
         os.makedirs(os.path.expanduser("~/.ssh"), exist_ok=True)
         # nsenter, not `ip netns exec`: that mounts a fresh /sys
         return subprocess.Popen(
             ["nsenter", f"--net=/run/netns/{PREFIX}{index}", "unshare", "--uts", "--mount",
-             "sh", "-c", script, "pod", self.path("hosts"), self.path("etc-ssh", "ssh_config"),
+             *(["--pid", "--fork", "--mount-proc"] if pid else []), "sh", "-c", script, "pod", self.path("hosts"), self.path("etc-ssh", "ssh_config"),
              self.path("home", ".ssh"), hostname, *command], **kw)
 
     def start_worker(self, i: int) -> None:
-        """The worker pod's container: sshd -De -f ~/.sshd_config (the rendered command)."""
+        """The worker pod's container: the rendered worker command (sshd -De -f CONFIG)."""
         log = open(self.path(f"sshd-{i}.log"), "a")
-        self.sshd[i] = self._pod(i + 1, self.workers[i],
-                                 ["/usr/sbin/sshd", "-De", "-f", self.path("home", ".sshd_config")],
+        command = [self.path("home", ".sshd_config") if a.endswith(".sshd_config") else a
+                   for a in self.worker_command]
+        self.sshd[i] = self._pod(i + 1, self.workers[i], command, pid=True,
                                  stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:  # the launcher waits for ready workers
@@ -122,6 +128,13 @@ class MPIJobPods:
             time.sleep(0.1)
         raise RuntimeError(f"sshd of {self.workers[i]} did not start:\n"
                            + open(self.path(f"sshd-{i}.log")).read())
+
+    def terminate_worker(self, i: int) -> None:
+        """What the kubelet does first when a pod is deleted: SIGTERM to the container's
+        first process (PID 1 in the pod; `unshare --fork` is its parent here)."""
+        with open(f"/proc/{self.sshd[i].pid}/task/{self.sshd[i].pid}/children") as f:
+            first = int(f.read().split()[0])
+        os.kill(first, signal.SIGTERM)
 
     def kill_worker(self, i: int) -> list:
         """A deleted pod: every process in its namespace is killed (sshd, prted, the ranks)."""

@@ -5,13 +5,16 @@ namespaces on this machine, the runs volume is the shared file system."""
 import contextlib
 import io
 import os
+import signal
 import time
+
+import subprocess
 
 import pytest
 import torch
 import yaml
 
-from conftest import ENV, TESTS, mpirun, train_args
+from conftest import ENV, REPO, TESTS, mpirun, train_args
 from mpilearn.cluster import jobs
 from mpilearn.train import checkpoint as ckpt
 from mpijob_pods import MPIJobPods, missing
@@ -25,7 +28,10 @@ def pods(tmp_path_factory):
     if os.geteuid() != 0 or need:
         pytest.skip(f"*** MPIJOB TESTS SKIPPED: need root and {', '.join(need) or 'root'} "
                     "(make slurm-packages installs openssh-server) ***")
-    cluster = MPIJobPods(str(tmp_path_factory.mktemp("pods")), job=JOB).start()
+    root = tmp_path_factory.mktemp("pods")
+    worker = rendered(os.path.join(REPO, "jobs", "train-3dgan.yaml"), root)[1]["spec"][
+        "mpiReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["command"]
+    cluster = MPIJobPods(str(root), job=JOB).start(worker)
     try:
         yield cluster
     finally:
@@ -49,8 +55,8 @@ def run(tmp_path_factory, toy_file):
     return config, want
 
 
-def launcher_command(config, workdir):
-    """The rendered manifest's launcher command, with the ConfigMap's file in its place."""
+def rendered(config, workdir):
+    """[ConfigMap, MPIJob] for 2 workers x 2 slots."""
     site = workdir / "site.yaml"
     site.write_text(yaml.safe_dump({"kubernetes": {"workers": 2, "slots_per_worker": 2,
                                                    "cpus_per_worker": 2}}))
@@ -58,7 +64,12 @@ def launcher_command(config, workdir):
     with contextlib.redirect_stdout(out):
         assert jobs.main(["--target", "kubernetes", "--kind", "train", "--config", str(config),
                           "--site", str(site), "--output", "runs/train"]) == 0
-    config_map, job = list(yaml.safe_load_all(out.getvalue()))
+    return list(yaml.safe_load_all(out.getvalue()))
+
+
+def launcher_command(config, workdir):
+    """The rendered manifest's launcher command, with the ConfigMap's file in its place."""
+    config_map, job = rendered(config, workdir)
     assert job["metadata"]["name"] == JOB and job["spec"]["slotsPerWorker"] == 2
     (workdir / "etc-mpilearn").mkdir()
     (workdir / "etc-mpilearn" / "config.yaml").write_text(config_map["data"]["config.yaml"])
@@ -123,6 +134,48 @@ def test_a_deleted_worker_ends_the_job_and_the_restart_resumes_to_the_same_weigh
     assert "mpilearn: done" not in first
     # the operator recreates the pod; the launcher restarts (restartPolicy OnFailure)
     pods.start_worker(1)
+    relaunch = pods.launch(command, ENV, str(tmp_path), stdout=-1, stderr=-1, text=True)
+    out, err = relaunch.communicate(timeout=300)
+    assert relaunch.returncode == 0, out + err
+    assert "resum" in out.lower(), out
+    assert_same(weights(tmp_path / "runs" / "train"), want)
+
+
+def wait_for_checkpoint(launcher, out, log, epoch):
+    """Until a mid-epoch checkpoint of ``epoch`` (0-based) exists."""
+    pointer = out / "checkpoints" / "latest"
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and launcher.poll() is None:
+        name = pointer.read_text().strip() if pointer.exists() else ""
+        if name.startswith(f"ckpt-e{epoch:04d}-s") and not name.endswith("s0000000.pt"):
+            return
+        time.sleep(0.05)
+    launcher.kill()
+    pytest.fail(f"no mid-epoch checkpoint in epoch {epoch}:\n" + open(log).read())
+
+
+def test_kubectl_delete_sigterm_checkpoints_within_the_grace_period_and_resumes(
+        pods, run, tmp_path):
+    """kubectl delete: SIGTERM to every pod's first process at once. The launcher passes it
+    to the ranks (exit 75, state saved); the workers keep their pods until their ranks end."""
+    config, want = run
+    command = launcher_command(config, tmp_path)
+    log = tmp_path / "launcher-1.log"
+    launcher = pods.launch(command, ENV, str(tmp_path), stdout=open(log, "w"),
+                           stderr=subprocess.STDOUT)
+    wait_for_checkpoint(launcher, tmp_path / "runs" / "train", log, 0)
+    sent = time.monotonic()
+    launcher.send_signal(signal.SIGTERM)
+    for i in pods.sshd:
+        pods.terminate_worker(i)
+    rc = launcher.wait(timeout=60)  # well inside the rendered 300 s grace period
+    assert rc == 75, open(log).read()
+    for i, worker in list(pods.sshd.items()):
+        worker.wait(timeout=30)  # its ranks ended, then sshd: the pod is gone
+        pods.sshd.pop(i)
+    assert time.monotonic() - sent < 60
+    for i in range(len(pods.workers)):  # the job applied again: new pods, same runs volume
+        pods.start_worker(i)
     relaunch = pods.launch(command, ENV, str(tmp_path), stdout=-1, stderr=-1, text=True)
     out, err = relaunch.communicate(timeout=300)
     assert relaunch.returncode == 0, out + err

@@ -138,6 +138,18 @@ def launcher_script(kind: str, kube: dict, per_worker: int) -> str:
     return "\n".join(lines) + "\n"
 
 
+# The worker container: sshd, as the operator expects. kubectl delete sends SIGTERM to every
+# pod at once, and sshd would end at once with its pod and the ranks in it; the ranks need the
+# grace period to checkpoint (the launcher's SIGTERM reaches them through mpirun), so the pod
+# stays until they and the MPI daemon (which reports their exit to mpirun over this sshd) have
+# ended ([p]: the pattern must not match this script itself).
+WORKER = """/usr/sbin/sshd -De -f "$1" & sshd=$!
+trap 'while pgrep -f "[p]ython -m mpilearn|[p]rted|[o]rted|[h]ydra_pmi_proxy" >/dev/null
+      do sleep 1; done; kill $sshd' TERM
+wait $sshd; wait $sshd
+"""
+
+
 def _volumes(kube: dict, name: str) -> tuple:
     mounts = [{"name": "data", "mountPath": f"{kube['workdir']}/data"},
               {"name": "runs", "mountPath": f"{kube['workdir']}/runs"},
@@ -174,7 +186,7 @@ def manifest(kind: str, config: dict, config_text: str, output: str, kube: dict,
         launcher["env"] = [{"name": "MPILEARN_GPUS_PER_WORKER",
                             "value": str(kube["gpus_per_worker"])}]
     worker = {"name": "mpilearn-worker", "image": kube["image"], "workingDir": kube["workdir"],
-              "command": ["/usr/sbin/sshd", "-De", "-f", kube["sshd_config"]],
+              "command": ["bash", "-c", WORKER, "mpilearn-worker", kube["sshd_config"]],
               "resources": {"requests": dict(worker_limits), "limits": worker_limits},
               "volumeMounts": mounts}
     worker_pod = {**copy.deepcopy(pod), "containers": [worker]}
