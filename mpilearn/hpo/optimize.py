@@ -212,7 +212,9 @@ def run_block(config: dict, role, world, info: dict) -> None:
                                    info["n_events"], on_epoch, key=trial["key"],
                                    prior_wall=trial.get("prior_wall", {}).get(fold, 0.0),
                                    force=info["force"])
-            folds.append({"fold": fold, **r})
+            # the fold's cost: its ranks x wall (device_hours in the journal)
+            folds.append({"fold": fold, **r, "ranks": fold_comm.Get_size(),
+                          "device": "gpu" if str(ctx.device).startswith("cuda") else "cpu"})
         # the block leader collects every fold leader's results
         gathered = block_comm.gather(folds if fold_comm.Get_rank() == 0 else [], root=0)
         if role.block_rank == 0:

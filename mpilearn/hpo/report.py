@@ -1,4 +1,8 @@
-"""python -m mpilearn.report RUN_DIR: what a sweep found, from its journal.
+"""python -m mpilearn.report RUN_DIR [--price PER_DEVICE_HOUR]: what a sweep found, from its
+journal, and what it cost; for a training run's directory, what the run cost.
+
+Cost: device-hours (ranks x wall seconds: GPU-hours, or CPU-rank-hours) per epoch, per trial,
+in total and up to the best trial; with --price (or the site profile's ``price``), in money.
 
 Writes into RUN_DIR/report/:
 
@@ -28,7 +32,9 @@ from collections import Counter
 
 import numpy as np
 
+from . import cost
 from .journal import Journal
+from ..errors import UsageError
 from ..core.io import atomic_write_text, read_jsonl
 
 
@@ -120,9 +126,22 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m mpilearn.report", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("run_dir")
+    p.add_argument("--price", type=float, metavar="PER_DEVICE_HOUR",
+                   help="price of one device-hour (a GPU, or a CPU rank): costs in money")
+    p.add_argument("--site", help="site profile (YAML) whose 'price' is used without --price")
     args = p.parse_args(argv)
+    try:
+        price = _price(args)
+    except UsageError as err:
+        sys.stderr.write(f"mpilearn: error: {err}\n")
+        return 2
     if not os.path.exists(os.path.join(args.run_dir, "journal.jsonl")):
-        sys.stderr.write(f"mpilearn: error: {args.run_dir}/journal.jsonl not found\n")
+        if os.path.exists(os.path.join(args.run_dir, "metrics.jsonl")):  # a training run
+            summary = cost.run_summary(args.run_dir, price)
+            print("\n".join(cost.run_lines(summary)))
+            return 0
+        sys.stderr.write(f"mpilearn: error: {args.run_dir}: neither journal.jsonl (a sweep) "
+                         "nor metrics.jsonl (a training run) found\n")
         return 2
     out = os.path.join(args.run_dir, "report")
     os.makedirs(out, exist_ok=True)
@@ -134,17 +153,20 @@ def main(argv=None) -> int:
         directions = directions * n_obj
     signs = np.array([1.0 if d == "minimize" else -1.0 for d in directions])
     names = sorted({k for r in rows for k in r["params"]})
+    done = [r for r in rows if r["status"] == "done"]
+    best = min(done, key=lambda r: signs[0] * r["value"]) if done and n_obj == 1 else None
+    events = read_jsonl(os.path.join(args.run_dir, "journal.jsonl"))
+    costs = cost.sweep_summary(args.run_dir, rows, events, best, price)
     with open(os.path.join(out, "trials.csv"), "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["trial", "key", "status", "value", "values", "std", "fold_values",
-                    "pruned_at_step", "wall_s", "origin", *names, "reason"])
+                    "pruned_at_step", "wall_s", "device_hours", "origin", *names, "reason"])
         for r in rows:
             w.writerow([r["trial"], r["key"], r["status"], r["value"], json.dumps(r["values"]),
                         r["std"], json.dumps(r["fold_values"]), r["step"], r["wall"],
+                        r["device_hours"],
                         r["origin"], *[r["params"].get(n) for n in names],
                         r["reason"].splitlines()[0] if r["reason"] else ""])
-    done = [r for r in rows if r["status"] == "done"]
-    best = min(done, key=lambda r: signs[0] * r["value"]) if done and n_obj == 1 else None
     front = pareto_front(rows, signs) if n_obj > 1 else []
     spans, util = utilisation(args.run_dir)
     weights = importance(rows, space)
@@ -154,10 +176,9 @@ def main(argv=None) -> int:
                "pareto": [{k: r[k] for k in ("trial", "key", "values", "params")} for r in front],
                "importance": weights, "block_utilisation": util,
                "origins": dict(Counter(r["origin"] or "requeued" for r in rows)),
-               "refit": refit(args.run_dir)}
+               "refit": refit(args.run_dir), "cost": costs}
     atomic_write_text(os.path.join(out, "best.json"), json.dumps(summary, indent=2))
-    plots(out, rows, done, names, space, directions, signs, front, spans, util, weights,
-          read_jsonl(os.path.join(args.run_dir, "journal.jsonl")))
+    plots(out, rows, done, names, space, directions, signs, front, spans, util, weights, events)
     if best:
         print(f"best {best['value']:.6g} +- {best['std']:.2g}: {best['params']} "
               f"(trial {best['trial']})")
@@ -169,8 +190,22 @@ def main(argv=None) -> int:
                   if k.startswith("test_") and isinstance(v, float)}
         print(f"refit: {r['output']} (trial {r['trial']}"
               + "".join(f"; {k} {v:.5g}" for k, v in scores.items()) + ")")
+    print("\n".join(cost.sweep_lines(costs)))
     print(f"{len(rows)} trials; report in {out}")
     return 0
+
+
+def _price(args) -> float | None:
+    """--price, else the site profile's price (0: none)."""
+    if args.price is not None:
+        if args.price < 0:
+            raise UsageError(f"--price must be 0 or more, got {args.price}")
+        return args.price or None
+    if args.site:
+        from ..cluster.jobs import load_site
+
+        return load_site(args.site, {})["price"] or None
+    return None
 
 
 def plots(out, rows, done, names, space, directions, signs, front, spans, util, weights, events):

@@ -359,13 +359,19 @@ class Trainer:
                          dtype=np.float64)
         total = comm.allreduce(local)
         train = {k: float(total[i] / max(total[-1], 1)) for i, k in enumerate(names)}
+        began = time.perf_counter()
         val = self.evaluate()
+        # what the epoch cost: ranks x its wall seconds (training, every session of it, and
+        # validation), in GPU-hours or CPU-rank-hours
+        wall = round(acc["seconds"] + time.perf_counter() - began, 3)
         split = {k: round(acc[k], 4) for k in ("compute", "allreduce", "data", "seconds")}
         per_rank = comm.gather(split, root=0)
         record = {"epoch": self.epoch + 1, "step": self.global_step, "lr": self.lr,
                   **{f"train_{k}": v for k, v in train.items()}, **val,
                   "samples_per_s": acc["samples"] / acc["seconds"] if acc["seconds"] else None,
-                  "time": split, "time_per_rank": per_rank, "ranks": self.ctx.size}
+                  "time": split, "time_per_rank": per_rank, "ranks": self.ctx.size,
+                  "wall_s": wall, "device_hours": self.ctx.size * wall / 3600,
+                  "device": "gpu" if str(self.ctx.device).startswith("cuda") else "cpu"}
         if "async" in acc:
             record["async"] = acc["async"]
         return record
