@@ -12,7 +12,7 @@ import pytest
 from conftest import ENV, REPO, TESTS, mpirun
 
 SCRIPTS = os.path.join(TESTS, "scripts")
-TF_ENV = {"TF_CPP_MIN_LOG_LEVEL": "3"}
+TF_ENV = {"TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": REPO}  # this checkout's mpilearn
 
 # the public names of horovod.tensorflow 0.28.1 (its __init__), TensorFlow 2 only
 HOROVOD_TENSORFLOW = """init shutdown is_initialized start_timeline stop_timeline size local_size
