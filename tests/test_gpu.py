@@ -83,7 +83,7 @@ def test_horovod_collectives_on_cuda_tensors(n):
 
 
 def test_ported_horovod_mnist_runs_on_cuda(tmp_path):
-    script = f"{TESTS}/scripts/horovod_pytorch_mnist.py"
+    script = f"{TESTS}/scripts/examples/torch_classifier.py"
     gpu = mpirun(2, [script, "--epochs", "1", "--save", str(tmp_path / "gpu.pt")], env=SHARED)
     cpu = mpirun(2, [script, "--epochs", "1", "--no-cuda", "--save", str(tmp_path / "cpu.pt")])
     assert gpu.returncode == 0 and cpu.returncode == 0, gpu.stderr[-2000:] + cpu.stderr[-2000:]

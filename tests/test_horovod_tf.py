@@ -1,8 +1,9 @@
 """mpilearn.tensorflow as the horovod.tensorflow drop-in, under real mpirun: every collective
 against numpy (eager and inside tf.function, with gradients), DistributedGradientTape,
-broadcast_variables, process sets and mismatches; and Horovod's own TF2 examples, ported by
-the import line and the Keras 3 edits, on 2 ranks."""
+broadcast_variables, process sets and mismatches; and the project's example scripts on the
+Horovod API (a custom loop, Keras fit with Horovod's callbacks, two synthetic benchmarks) on 2 ranks."""
 import os
+import re
 import subprocess
 import sys
 
@@ -11,7 +12,7 @@ import pytest
 from conftest import ENV, REPO, TESTS, mpirun
 
 SCRIPTS = os.path.join(TESTS, "scripts")
-TF_ENV = {"TF_CPP_MIN_LOG_LEVEL": "3"}
+TF_ENV = {"TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": REPO}  # this checkout's mpilearn
 
 # the public names of horovod.tensorflow 0.28.1 (its __init__), TensorFlow 2 only
 HOROVOD_TENSORFLOW = """init shutdown is_initialized start_timeline stop_timeline size local_size
@@ -44,31 +45,40 @@ def test_tf_collectives_against_numpy_eager_and_graph(n):
     assert len(ok_lines(proc)) == 11 * n, proc.stdout
 
 
-EXAMPLES = os.path.join(SCRIPTS, "horovod_examples")
-SMALL = {"MPILEARN_EXAMPLE_IMAGES": "512", "MPILEARN_EXAMPLE_STEPS": "24",
-         "MPILEARN_EXAMPLE_BATCH": "32", "MPILEARN_EXAMPLE_EPOCHS": "2"}
-BENCH = ["--model", "MobileNetV3Small", "--batch-size", "2", "--num-batches-per-iter", "2",
-         "--num-iters", "2", "--no-cuda"]
+EXAMPLES = os.path.join(SCRIPTS, "examples")  # written here, on the Horovod API
+BENCH = ["--batch-size", "4", "--image-size", "32", "--rounds", "2", "--steps-per-round", "2"]
 
 
-def test_horovod_tf2_mnist_custom_loop(tmp_path):
-    proc = mpirun(2, [f"{EXAMPLES}/tensorflow2_mnist.py"], cwd=tmp_path, env={**TF_ENV, **SMALL})
+def test_tf2_custom_loop_with_tape_and_first_batch_broadcast(tmp_path):
+    # the ranks start from different weights: only the in-graph broadcast makes them agree
+    proc = mpirun(2, [f"{EXAMPLES}/tf_custom_loop.py", "--steps", "10",
+                      "--checkpoint", str(tmp_path / "ckpt")], env=TF_ENV)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "Step #10" in proc.stdout and (tmp_path / "checkpoints-1.index").exists()
+    assert "step 8 loss" in proc.stdout, proc.stdout
+    assert "replicas agree on 2 ranks after 10 steps" in proc.stdout, proc.stdout
+    assert (tmp_path / "ckpt.index").exists()
 
 
-def test_horovod_tf2_keras_mnist(tmp_path):
-    proc = mpirun(2, [f"{EXAMPLES}/tensorflow2_keras_mnist.py"], cwd=tmp_path,
-                  env={**TF_ENV, **SMALL, "MPILEARN_EXAMPLE_STEPS": "12"})
+def test_keras_fit_with_broadcast_metric_average_and_warmup_callbacks(tmp_path):
+    proc = mpirun(2, [f"{EXAMPLES}/keras_fit.py", "--epochs", "2", "--warmup-epochs", "1",
+                      "--samples", "128", "--checkpoint-dir", str(tmp_path)], env=TF_ENV)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert (tmp_path / "checkpoint-2.keras").exists()
+    assert "finished gradual learning rate warmup" in proc.stdout, proc.stdout
+    # each rank shuffled its own copy: the epoch's metrics agree only once averaged
+    for epoch in (0, 1):
+        seen = {line.split(" ", 2)[2] for line in proc.stdout.splitlines()
+                if line.startswith("rank ") and f" epoch {epoch} " in line}
+        assert len(seen) == 1, proc.stdout
+    assert (tmp_path / "epoch-2.keras").exists()
 
 
 @pytest.mark.parametrize("script,extra", [
-    ("tensorflow2_synthetic_benchmark.py", ["--num-warmup-batches", "1"]),
-    ("tensorflow2_synthetic_benchmark.py", ["--num-warmup-batches", "1", "--fp16-allreduce"]),
-    ("tensorflow2_keras_synthetic_benchmark.py", [])])
-def test_horovod_tf2_synthetic_benchmarks(tmp_path, script, extra):
-    proc = mpirun(2, [f"{EXAMPLES}/{script}"] + BENCH + extra, cwd=tmp_path, env=TF_ENV)
+    ("tf_synthetic_benchmark.py", []),
+    ("tf_synthetic_benchmark.py", ["--fp16-allreduce"]),
+    ("keras_synthetic_benchmark.py", [])])
+def test_synthetic_benchmarks(script, extra):
+    proc = mpirun(2, [f"{EXAMPLES}/{script}"] + BENCH + extra, env=TF_ENV)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "Total img/sec on 2 CPU(s)" in proc.stdout, proc.stdout[-2000:]
+    assert re.search(r"total: [\d.]+ \+- [\d.]+ samples/s on 2 CPU ranks", proc.stdout), \
+        proc.stdout[-2000:]
+    assert ("(fp16 gradients)" in proc.stdout) == bool(extra)

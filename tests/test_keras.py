@@ -1,6 +1,7 @@
 """Keras 3: through mpilearn.keras N ranks x batch b equal 1 rank x batch N*b, in a custom
 loop and under model.fit(), on the TensorFlow and the torch backends; through the engine
 the same, plus kill -9 and resume, and abort on a crash."""
+import json
 import os
 
 import numpy as np
@@ -166,7 +167,8 @@ def test_compiled_keras_3dgan_step_equals_the_eager_one_and_stops_on_nan(variant
 
     out = tmp_path / "compiled.json"
     proc = mpirun(2, [f"{TESTS}/scripts/keras_compiled_step.py", variant, str(out)], timeout=300,
-                  env={"KERAS_BACKEND": "tensorflow", "TF_CPP_MIN_LOG_LEVEL": "2"})
+                  env={"KERAS_BACKEND": "tensorflow", "TF_CPP_MIN_LOG_LEVEL": "2",
+                       "PYTHONPATH": REPO})  # this checkout's mpilearn, not the installed one
     assert proc.returncode == 0, proc.stderr[-3000:]
     r = json.loads(out.read_text())
     assert r["traced"] and r["max_rel_diff"] <= tolerance, r
@@ -175,3 +177,23 @@ def test_compiled_keras_3dgan_step_equals_the_eager_one_and_stops_on_nan(variant
             assert abs(fast[k] - v) <= tolerance * max(1.0, abs(v)), (k, fast[k], v)
     assert r["nan_stopped"] and "non-finite gradients, step skipped" in r["nan_stopped"]
     assert r["d_unchanged_after_nan"]
+
+
+def test_keras_3dgan_tapes_equal_the_fused_path_in_float64(tmp_path):
+    """The four DistributedGradientTapes against the optimizer-fused reduction at np=1 and 2,
+    and on a block sub-communicator with a rank that has no events (one process per rank
+    for all of it: TensorFlow's start-up dominates)."""
+    out = tmp_path / "tapes.json"
+    proc = mpirun(2, [f"{TESTS}/scripts/keras_gan_tapes.py", str(out)], timeout=900,
+                  env={"TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": REPO})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    r = json.load(open(out))
+    assert r["tapes_on"] and r["tape_opt_plain"] and r["fused_is_distributed_optimizer"], r
+    assert r["moved"] > 1e-3 and r["ranks_agree"], r
+    # the same reduction, only done by the tapes: equal to float64 rounding (bitwise here)
+    assert r["np2_tape_vs_fused"] <= 1e-12 and r["np1_tape_vs_fused"] <= 1e-12, r
+    # another split of the same global batch: equal up to summation order
+    assert r["tape_np2_vs_np1"] <= 1e-9, r
+    assert r["block_with_zero_event_rank_vs_np1"] <= 1e-9, r
+    for tape, fused in zip(*r["losses_np2"]):
+        assert tape == pytest.approx(fused, rel=1e-12), (tape, fused)

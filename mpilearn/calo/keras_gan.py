@@ -6,7 +6,7 @@ import keras
 import numpy as np
 
 from ..errors import TrainingStopped
-from ..keras.optimizer import NONFINITE
+from ..keras.optimizer import NONFINITE, _checked_finite
 from ..train.keras_tasks import KerasTask
 from .gan import GANProtocol
 
@@ -14,7 +14,14 @@ from .gan import GANProtocol
 class KerasGANTask(GANProtocol, KerasTask):
     """The 3DGAN protocol (:class:`~mpilearn.calo.gan.GANProtocol`: 2 D + 2 G updates per
     batch, global-batch loss scaling, per-event noise and label flips, the guards) with Keras
-    models: one gradient tape per update, four per batch, as in the reference TF2 loop."""
+    models: one gradient tape per update, four per batch, as in the reference TF2 loop.
+
+    On TensorFlow each tape is a ``mpilearn.tensorflow.DistributedGradientTape`` on the
+    trainer's communicator (the whole job, or an HPO block): one reduction per update, as
+    the original code's four tapes under ``tf.distribute``. ``reduction = "fused"`` (and the
+    torch backend) reduce inside the wrapped Keras optimizer's ``apply`` instead."""
+
+    reduction = "tape"
 
     def __init__(self, generator, discriminator, g_optimizer, d_optimizer, variant: str = "angle",
                  loss_weights=None, label_flip: float = 0.05, angle_key: str = "mtheta",
@@ -22,13 +29,57 @@ class KerasGANTask(GANProtocol, KerasTask):
         self._init_protocol(variant, loss_weights, label_flip, angle_key, seed)
         self.generator, self.discriminator = generator, discriminator
         self.g_opt, self.d_opt = g_optimizer, d_optimizer
-        self.kweights = np.asarray(self.weight_values, dtype="float32")
+        self.floatx = keras.config.floatx()  # float64 for the exactness tests
+        self.kweights = np.asarray(self.weight_values, dtype=self.floatx)
         self.compiled = True  # TensorFlow: the four updates as one tf.function
         self._tf_updates = None
 
     def setup(self, comm, device, backend, fusion_bytes, distributed=True):
-        super().setup(comm, device, backend, fusion_bytes, distributed)
+        self.tapes = self.reduction == "tape" and keras.backend.backend() == "tensorflow"
+        # the tapes reduce: the optimizers are then left plain (only broadcast and built)
+        super().setup(comm, device, backend, fusion_bytes, distributed and not self.tapes)
         self.comm = comm
+        self.tape_comm = comm if distributed and self.tapes else None
+
+    def allreduce_seconds(self) -> float:
+        seconds = super().allreduce_seconds()
+        if getattr(self, "tapes", False):
+            from ..tensorflow.mpi_ops import pop_allreduce_seconds
+
+            seconds += pop_allreduce_seconds()
+        return seconds
+
+    def _tape_step(self, model, opt, loss_fn):
+        """One update: a tape whose gradients are averaged over the trainer's ranks, checked
+        to be finite (alike on every rank, so every rank stops together), then applied."""
+        import tensorflow as tf
+
+        from .. import tensorflow as hvd
+
+        variables = model.trainable_variables
+        with tf.GradientTape() as tape:
+            loss, sums = loss_fn()
+        if self.tape_comm is not None:
+            tape = hvd.DistributedGradientTape(tape, comm=self.tape_comm)
+        grads = tape.gradient(loss, variables)
+        if self.tape_comm is not None:
+            grads = _checked_finite(grads)
+        opt.apply(grads, variables)
+        return tf.stop_gradient(sums)
+
+    def _empty_update(self, model, opt):
+        """A rank without events this step: zero gradients into the same reduction."""
+        if not self.tapes:
+            v = model.trainable_variables
+            opt.apply([keras.ops.zeros_like(x) for x in v], v)
+            return
+        import tensorflow as tf
+
+        def nothing():
+            zero = tf.add_n([tf.reduce_sum(v) for v in model.trainable_variables]) * 0.0
+            return zero, zero
+
+        self._tape_step(model, opt, nothing)
 
     def latent_input(self, noise, energy, angle):
         if self.variant == "angle":
@@ -56,6 +107,8 @@ class KerasGANTask(GANProtocol, KerasTask):
             weights = keras.ops.convert_to_tensor(self.kweights)
             return keras.ops.sum(terms * weights) * scale, keras.ops.sum(terms, axis=0)
 
+        if self.tapes:
+            return self._tape_step(model, opt, loss)
         return self._step(model, opt, loss)
 
     def train_step(self, batch):
@@ -65,18 +118,18 @@ class KerasGANTask(GANProtocol, KerasTask):
         n_local, n_global, scale, flips, noise, sampled = self._begin_step(batch)
         if n_local == 0:  # all events filtered here: take part in the allreduces with zeros
             for model, opt in ((D, self.d_opt), (D, self.d_opt), (G, self.g_opt), (G, self.g_opt)):
-                v = model.trainable_variables
-                opt.apply([keras.ops.zeros_like(x) for x in v], v)
+                self._empty_update(model, opt)
             return self._report(np.zeros((4, len(self.kweights))), n_global)
         flip = flips < self.label_flip
-        inputs = (np.asarray(batch["images"], dtype="float32")[..., None],
-                  np.asarray(batch["energy"], dtype="float32"),
-                  np.asarray(batch["ecal"], dtype="float32"),
+        fx = self.floatx
+        inputs = (np.asarray(batch["images"], dtype=fx)[..., None],
+                  np.asarray(batch["energy"], dtype=fx),
+                  np.asarray(batch["ecal"], dtype=fx),
                   np.asarray(batch["angle"] if self.variant == "angle" else batch["energy"],
-                             dtype="float32"),  # (the 25x25x25 model has no angle)
-                  np.where(flip[:, 0], 0.0, 1.0).astype("float32"),  # D on real: label 1
-                  np.where(flip[:, 1], 1.0, 0.0).astype("float32"),  # D on fake: label 0
-                  noise, sampled, np.float32(scale))
+                             dtype=fx),  # (the 25x25x25 model has no angle)
+                  np.where(flip[:, 0], 0.0, 1.0).astype(fx),  # D on real: label 1
+                  np.where(flip[:, 1], 1.0, 0.0).astype(fx),  # D on fake: label 0
+                  np.asarray(noise, dtype=fx), np.asarray(sampled, dtype=fx), np.dtype(fx).type(scale))
         # an asynchronous worker's optimizer exchanges from Python inside apply(): eagerly
         eager_only = any(getattr(o, "eager_only", False) for o in (self.g_opt, self.d_opt))
         if self.compiled and not eager_only and keras.backend.backend() == "tensorflow":

@@ -18,10 +18,11 @@ from mpilearn.calo.gan import build_networks
 
 DEFAULTS = {"variant": "angle", "preset": "full", "dropout": 0.2, "batch_norm": True,
             "lr": 1e-3, "loss_weights": None, "label_flip": 0.05, "angle_key": "mtheta",
-            "seed": 0}
+            "seed": 0, "reduction": "tape"}
 HPARAMS = {"variant": ["angle", "fixed"], "preset": ["full", "small"], "lr": "[0, inf)",
            "label_flip": "[0, 1]", "dropout": "[0, 1)", "batch_norm": [True, False],
-           "angle_key": ["mtheta", "theta"], "seed": "int [0, inf)"}
+           "angle_key": ["mtheta", "theta"], "seed": "int [0, inf)",
+           "reduction": ["tape", "fused"]}
 
 
 def measured_angle(images):
@@ -211,6 +212,8 @@ def build(hparams):
     def rmsprop():
         return ReferenceRMSprop(hp["lr"], rho=0.9, epsilon=1e-7)
 
-    return KerasGANTask(generator, discriminator, rmsprop(), rmsprop(), variant=hp["variant"],
+    task = KerasGANTask(generator, discriminator, rmsprop(), rmsprop(), variant=hp["variant"],
                         loss_weights=hp["loss_weights"], label_flip=hp["label_flip"],
                         angle_key=hp["angle_key"], seed=hp["seed"])
+    task.reduction = hp["reduction"]  # tape: four DistributedGradientTapes; fused: in apply()
+    return task

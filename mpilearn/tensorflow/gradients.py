@@ -51,7 +51,7 @@ def _groups_of(grads, sources, groups) -> list:
 
 
 def make_allreduce_grads(compression, sparse_as_dense, op, gradient_predivide_factor,
-                         groups, process_set):
+                         groups, process_set, comm=None):
     """``reduce(grads, sources) -> grads`` with Horovod's scaling of the average."""
     prescale, postscale = 1.0, 1.0
     if op == Average:
@@ -62,13 +62,13 @@ def make_allreduce_grads(compression, sparse_as_dense, op, gradient_predivide_fa
         if sparse_as_dense:
             grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g
                      for g in grads]
-        if process_set.included() is False:
+        if comm is None and process_set.included() is False:
             return grads   # not a member of the set: local gradients, as Horovod's cond does
         out = list(grads)
         for idx in _groups_of(grads, sources, groups):
             reduced = grouped_allreduce([grads[i] for i in idx], compression=compression, op=op,
                                         prescale_factor=prescale, postscale_factor=postscale,
-                                        process_set=process_set)
+                                        process_set=process_set, comm=comm)
             for i, r in zip(idx, reduced):
                 out[i] = r
         return out
@@ -110,7 +110,8 @@ class _DistributedGradientTape:
         for i, g in zip(shared, reduced):
             grads[i] = g
         if local and self._mpilearn_scale_local:
-            n = self._mpilearn_set.size()
+            comm = self._mpilearn_comm
+            n = comm.Get_size() if comm is not None else self._mpilearn_set.size()
             for i, s in enumerate(flat):
                 g = grads[i]
                 if _key(s) in local and g is not None:
@@ -129,17 +130,20 @@ class _DistributedGradientTape:
 def DistributedGradientTape(gradtape, device_dense="", device_sparse="",
                             compression=Compression.none, sparse_as_dense=False, op=Average,
                             gradient_predivide_factor=1.0, num_groups=0, groups=None,
-                            process_set=global_process_set, scale_local_gradients=True):
+                            process_set=global_process_set, scale_local_gradients=True, *,
+                            comm=None):
     """Wrap a ``tf.GradientTape``: its ``gradient`` returns the gradients averaged (or
-    summed) over the ranks of ``process_set``. ``device_*`` are accepted (CPU transport)."""
+    summed) over the ranks of ``process_set``, or of ``comm`` (an mpi4py communicator, such
+    as a trainer's HPO block: mpilearn's keyword). ``device_*`` are accepted (CPU transport)."""
     groups = _check(op, gradient_predivide_factor, num_groups, groups)
     base = gradtape.__class__
     gradtape.__class__ = type(base.__name__, (_DistributedGradientTape, base), {})
     gradtape._mpilearn_reduce = make_allreduce_grads(compression, sparse_as_dense, op,
                                                      gradient_predivide_factor, groups,
-                                                     process_set)
+                                                     process_set, comm)
     gradtape._mpilearn_local = set()
     gradtape._mpilearn_set = process_set
+    gradtape._mpilearn_comm = comm
     gradtape._mpilearn_scale_local = scale_local_gradients
     return gradtape
 

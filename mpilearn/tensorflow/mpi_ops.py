@@ -6,6 +6,7 @@ gradient). They run on the engine of ``mpilearn.torch`` (same metadata round, sa
 mismatch errors on every rank)."""
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 
 import numpy as np
@@ -48,10 +49,28 @@ def _member_name(name, i):
 
 # -- allreduce ------------------------------------------------------------------------------
 
-def _fused_allreduce_body(names, op, prescale, postscale, process_set):
+_allreduce_seconds = 0.0  # time in the allreduce bodies (also those run by compiled graphs)
+
+
+def pop_allreduce_seconds() -> float:
+    """Seconds spent in allreduces since the last call (a trainer's per-step accounting)."""
+    global _allreduce_seconds
+    seconds, _allreduce_seconds = _allreduce_seconds, 0.0
+    return seconds
+
+
+def _fused_allreduce_body(names, op, prescale, postscale, process_set, comm=None):
     """Arrays of one dtype travel as one flat buffer (one metadata round, one allreduce):
     Horovod's tensor fusion. Named tensors keep their own collectives."""
     def body(*arrays):
+        global _allreduce_seconds
+        start = time.perf_counter()
+        try:
+            return fused(*arrays)
+        finally:
+            _allreduce_seconds += time.perf_counter() - start
+
+    def fused(*arrays):
         by_dtype = defaultdict(list)
         for i, a in enumerate(arrays):
             by_dtype[(a.dtype.str, names[i]) if names[i] is not None else a.dtype.str].append(i)
@@ -60,7 +79,7 @@ def _fused_allreduce_body(names, op, prescale, postscale, process_set):
             flat = np.concatenate([arrays[i].reshape(-1) for i in idx])
             name = key[1] if isinstance(key, tuple) else None
             handles.append((idx, C.allreduce_async(to_torch(flat, True), None, name, op,
-                                                   prescale, postscale, process_set)))
+                                                   prescale, postscale, process_set, comm)))
         out = [None] * len(arrays)
         for idx, h in handles:
             flat = to_numpy(C.synchronize(h), arrays[idx[0]].dtype)
@@ -74,15 +93,16 @@ def _fused_allreduce_body(names, op, prescale, postscale, process_set):
 
 
 def _grouped_allreduce(tensors, name=None, op=Sum, prescale_factor=1.0, postscale_factor=1.0,
-                       process_set=global_process_set):
-    """The raw grouped allreduce (no compression), differentiable."""
+                       process_set=global_process_set, comm=None):
+    """The raw grouped allreduce (no compression), differentiable; ``comm``: an mpi4py
+    communicator instead of the process set (mpilearn's)."""
     op = _check_op(op)
-    state_of(process_set)
+    state_of(process_set, comm)
     tensors = [tf.convert_to_tensor(t) for t in tensors]
     if not tensors:
         return []
     names = [_member_name(name, i) for i in range(len(tensors))]
-    body = _fused_allreduce_body(names, op, prescale_factor, postscale_factor, process_set)
+    body = _fused_allreduce_body(names, op, prescale_factor, postscale_factor, process_set, comm)
 
     def forward(*xs):
         return run(body, xs, [x.dtype for x in xs], [x.shape for x in xs], "mpilearn_allreduce")
@@ -94,7 +114,7 @@ def _grouped_allreduce(tensors, name=None, op=Sum, prescale_factor=1.0, postscal
     def grouped(*xs):
         def grad(*dys):
             return _grouped_allreduce(list(dys), None, op, prescale_factor, postscale_factor,
-                                      process_set)
+                                      process_set, comm)
         return forward(*xs), grad
 
     return list(grouped(*tensors))

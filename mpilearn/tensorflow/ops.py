@@ -31,21 +31,24 @@ def _sparse(slices, op, prescale_factor, postscale_factor, process_set):
 def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="",
                       compression=Compression.none, op=None, prescale_factor=1.0,
                       postscale_factor=1.0, process_set=global_process_set, name=None,
-                      ignore_name_scope=False):
-    """Each tensor reduced over the process set (Average unless ``op`` says); dense tensors
-    of one dtype travel as one fused buffer."""
+                      ignore_name_scope=False, comm=None):
+    """Each tensor reduced over the process set, or over ``comm`` (an mpi4py communicator,
+    mpilearn's), Average unless ``op`` says; dense tensors of one dtype travel as one fused
+    buffer."""
     op = resolve_op(op, average)
     out = [None] * len(tensors)
     sparse = [i for i, t in enumerate(tensors) if isinstance(t, tf.IndexedSlices)]
     dense = [i for i, t in enumerate(tensors) if not isinstance(t, tf.IndexedSlices)]
     if sparse:
+        if comm is not None:
+            raise NotImplementedError("tf.IndexedSlices with comm=: use sparse_as_dense=True")
         for i, r in zip(sparse, _sparse([tensors[i] for i in sparse], op, prescale_factor,
                                         postscale_factor, process_set)):
             out[i] = r
     if dense:
         pairs = [compression.compress(tensors[i]) for i in dense]
         reduced = _grouped_allreduce([p[0] for p in pairs], name, op, prescale_factor,
-                                     postscale_factor, process_set)
+                                     postscale_factor, process_set, comm)
         for i, r, (_, ctx) in zip(dense, reduced, pairs):
             out[i] = compression.decompress(r, ctx)
     return out
