@@ -34,7 +34,7 @@ import shlex
 import sys
 
 from ..errors import UsageError
-from ..hpo.layout import sweep_width
+from ..hpo.layout import sweep_tasks, sweep_width
 
 # the site profile: key -> default (the default's type is the type the key accepts)
 SITE = {
@@ -91,11 +91,6 @@ def load_site(path: str | None, overrides: dict) -> dict:
         raise UsageError(f"site: 'tasks_per_node' must be 0 (auto) or more, got "
                          f"{site['tasks_per_node']}")
     return site
-
-
-def sweep_tasks(config: dict) -> int:
-    """Ranks a sweep needs: 1 coordinator + blocks x block width."""
-    return 1 + config["search"]["blocks"] * sweep_width(config)
 
 
 def layout(kind: str, config: dict, site: dict) -> dict:

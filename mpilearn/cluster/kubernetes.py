@@ -83,7 +83,7 @@ def profile(section: dict, overrides: dict, source: str = "site") -> dict:
 def slots(kind: str, config: dict, kube: dict) -> int:
     """Ranks per worker. A sweep's training ranks are spread over the workers (one per GPU);
     its coordinator is an extra rank on the first worker, added at job start (--plan)."""
-    from .jobs import sweep_tasks
+    from ..hpo.layout import sweep_tasks
 
     per = kube["slots_per_worker"] or kube["gpus_per_worker"] or 2
     if kind == "hpo":

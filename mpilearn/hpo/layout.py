@@ -31,6 +31,11 @@ def sweep_width(config: dict) -> int:
     return block_width(s["folds"], s["ranks_per_fold"], s["fold_mode"])
 
 
+def sweep_tasks(config: dict) -> int:
+    """Ranks a sweep needs: 1 coordinator + blocks x block width."""
+    return 1 + config["search"]["blocks"] * sweep_width(config)
+
+
 def check(world_size: int, blocks: int, folds: int, ranks_per_fold: int, fold_mode: str) -> None:
     for name, v in (("search.blocks", blocks), ("search.folds", folds),
                     ("search.ranks_per_fold", ranks_per_fold)):
