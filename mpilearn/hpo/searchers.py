@@ -93,8 +93,8 @@ class GPSearcher(Searcher):
       skopt's gain-weighted portfolio).
     - At scale (more than ``believer_max`` points busy or asked for): the model is fitted on
       at most ``max_model_points`` results (the best half and the newest half), and a batch
-      comes from that one model without refits, as in DeepHyper's decentralised search
-      (Egele et al. 2023): each suggestion draws its own exploration weight
+      comes from that one model without refits, as DeepHyper's qUCB batches do (its
+      decentralised search, Egele et al. 2023, gives each worker its own weight): each suggestion draws its own exploration weight
       kappa_i ~ Exp(mean ``kappa``) and minimises the lower confidence bound mu - kappa_i
       sigma, where sigma is shrunk near every busy point and every point already picked as
       one observation there would shrink it (sigma sqrt(1 - rho^2), rho the kernel's
