@@ -14,6 +14,7 @@ SECTIONS = [("throughput", "Data-parallel training throughput (np=1 and 2, same 
             ("hpo_coordinator", "HPO coordinator: decision latency and block utilisation"),
             ("hpo_quality", "HPO quality vs Optuna TPE (sequential)"),
             ("hpo_parallel", "HPO under parallel load vs Optuna TPE and GP: quality, model share, cost at 1000 observations"),
+            ("hpo_scale", "HPO at scale by simulation: 8 to 1 024 workers, 10 evaluations each (issue 38)"),
             ("data_loading", "Data loading, 51x51x25 format"),
             ("async_training", "Asynchronous training: allreduce vs downpour vs EASGD at np=3, one rank 5x slower"),
             ("gan_cpu", "The full angle 3DGAN on this CPU: fp32 and bf16, FLOP floor, bf16 loss tracking"),

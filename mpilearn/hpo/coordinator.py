@@ -3,9 +3,12 @@
 It never busy-waits: between messages it sleeps (1 ms growing to 20 ms), so it uses no CPU
 while the blocks train; and it never lets a block idle long on the GP: suggestions come from a
 :class:`Prefetcher` that computes them in a thread (a block waits for one at most a quarter of
-a typical trial, between 1 and 5 s, then gets a fallback point, journalled as such). Folds report their
+a typical trial, between 1 and 5 s, then gets a fallback point, journalled as such). A block
+waiting for the model never holds up the others: its answer is deferred, and the coordinator
+goes on serving messages. Folds report their
 per-epoch values here; the pruner judges each trial on the mean over its folds. Only the
-coordinator writes the journal.
+coordinator writes the journal: every message waiting is decided, the events of all of them
+go to disk with one fsync (a group commit), and only then are the blocks answered.
 """
 from __future__ import annotations
 
@@ -27,7 +30,7 @@ TAG_BLOCK, TAG_TRIAL, TAG_PROGRESS, TAG_VERDICT = 11, 12, 13, 14
 
 def model_wait(walls) -> float:
     """How long a block may wait for a model suggestion being computed: a quarter of a
-    typical trial, at least 1 s (a model point is worth a second), at most 5 s."""
+    typical trial (the median of the last 200), at least 1 s (a model point is worth a second), at most 5 s."""
     return min(5.0, max(1.0, 0.25 * statistics.median(walls))) if walls else 1.0
 
 
@@ -58,10 +61,17 @@ class Coordinator:
         self.requeue = [state.started[k] for k in state.in_flight]
         enqueue = [p for p in self.search.get("enqueue") or []
                    if trial_key(p) not in state.started]
-        self.pool = Prefetcher(searcher, ahead=-(-blocks // 4), known_keys=self._known,
+        # a few blocks: few points ready, each from a recent model; many: one batch from one
+        # model costs about what one point does (GPSearcher at scale), so keep more ready
+        ahead = -(-blocks // 4) if blocks <= 16 else min(blocks, 256)
+        self.pool = Prefetcher(searcher, ahead=ahead, known_keys=self._known,
                                pending=[e["params"] for e in self.requeue], enqueued=enqueue)
         self.running: Dict[int, dict] = {}     # block -> started event
         self.latencies: List[float] = []       # seconds from a block's request to its answer
+        self.cpu_times: List[float] = []       # this thread's CPU seconds per decision
+        self.deferred: List[tuple] = []  # (block, rank, asked, deadline): waiting for a model point
+        # recent trials' walls: how long a block may wait for a model point (see model_wait)
+        self.walls = [r["wall"] for r in state.finished.values() if r.get("wall")][-200:]
         self.stop_requested = False
         self.exhausted = False
         self.bar = None
@@ -98,9 +108,11 @@ class Coordinator:
 
     # -- dispatch ------------------------------------------------------------------------
     def _wait(self) -> float:
-        return model_wait([r["wall"] for r in self.state.finished.values() if r.get("wall")])
+        return model_wait(self.walls)
 
-    def _next_trial(self, block: int) -> Optional[dict]:
+    def _next_trial(self, block: int, deadline: float):
+        """The block's next trial (its started event), None: no more, or ``Prefetcher.WAIT``:
+        the model is computing one and the block may wait until ``deadline``."""
         if self.stop_requested or self.exhausted:
             return None
         if self.requeue:
@@ -113,7 +125,9 @@ class Coordinator:
                     "prior_wall": self.state.prior_wall.get(event["key"], {})}
         if self.state.n_trials() >= self.budget:
             return None
-        got = self.pool.get(self._wait())
+        got = self.pool.take(give_up=time.monotonic() >= deadline)
+        if got is Prefetcher.WAIT:
+            return got
         if got is None:
             self.exhausted = True
             self.journal.write("exhausted", trials=self.state.n_trials())
@@ -154,6 +168,8 @@ class Coordinator:
                    "fold_values": [float(v) for v in per_fold[:, 0]], "params": event["params"]}
             self.pruner.complete(event["trial"])
         self.journal.write(rec["status"], **rec)
+        if rec.get("wall"):
+            self.walls = self.walls[-199:] + [rec["wall"]]
         self.pool.tell(event["params"], self._loss(rec))
         self.state.finished[key] = rec
         if self.bar is not None:
@@ -186,6 +202,10 @@ class Coordinator:
         return stop
 
     # -- the loop ------------------------------------------------------------------------
+    # messages answered per group commit: enough to amortise the fsync at a thousand blocks,
+    # few enough that the first one's answer is not held long
+    GROUP = 64
+
     def run(self) -> SweepState:
         MPI = __import__("mpi4py.MPI", fromlist=["MPI"])
         status = MPI.Status()
@@ -196,32 +216,68 @@ class Coordinator:
             while active:
                 if preempt.requested() is not None and not self.stop_requested:
                     self.interrupt()
-                if not self.comm.Iprobe(source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG, status=status):
+                waiting = self.comm.Iprobe(source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG, status=status)
+                if not waiting and not self.deferred:
                     time.sleep(sleep)
                     sleep = min(sleep * 2, 0.02)
                     continue
                 sleep = 0.001
-                source, tag = status.Get_source(), status.Get_tag()
-                msg = self.comm.recv(source=source, tag=tag)
-                if tag == TAG_PROGRESS:
-                    self.comm.send(self._verdict(msg), dest=source, tag=TAG_VERDICT)
-                    continue
-                asked = time.perf_counter()
-                block = msg["block"]
-                if msg.get("result") is not None:
-                    self._finish(block, msg["result"])
-                trial = self._next_trial(block)
-                self.latencies.append(time.perf_counter() - asked)
-                self.comm.send(trial, dest=source, tag=TAG_TRIAL)
-                if trial is None:
-                    active.discard(block)
-                else:
-                    self.running[block] = trial
+                # blocks waiting for a model point first, then every message waiting now:
+                # decided, journalled with one fsync, answered
+                answers = []
+                with self.journal.group():
+                    answers += self._serve_deferred(active)
+                    while waiting and len(answers) < self.GROUP:
+                        answers += self._decide(status.Get_source(), status.Get_tag(), active)
+                        waiting = self.comm.Iprobe(source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG,
+                                                   status=status)
+                for dest, tag, answer, asked in answers:
+                    self.comm.send(answer, dest=dest, tag=tag)
+                    if tag == TAG_TRIAL:
+                        self.latencies.append(time.perf_counter() - asked)
+                if not answers:
+                    time.sleep(0.001)  # only blocks waiting for the model: let it compute
         finally:
             self.pool.close()
             if self.bar is not None:
                 self.bar.close()
         return self.state
+
+    def _decide(self, source: int, tag: int, active: set) -> list:
+        """One message: a fold's progress (answered with a verdict) or a block's result and
+        request (answered with its next trial, None: no more; or deferred while the model
+        computes its point, so that the other blocks are served meanwhile)."""
+        asked, cpu = time.perf_counter(), time.thread_time()
+        msg = self.comm.recv(source=source, tag=tag)
+        if tag == TAG_PROGRESS:
+            return [(source, TAG_VERDICT, self._verdict(msg), asked)]
+        block = msg["block"]
+        if msg.get("result") is not None:
+            self._finish(block, msg["result"])
+        self.deferred.append((block, source, asked, time.monotonic() + self._wait()))
+        answers = self._serve_deferred(active, only_first=True) if len(self.deferred) == 1 \
+            else []
+        self.cpu_times.append(time.thread_time() - cpu)
+        return answers
+
+    def _serve_deferred(self, active: set, only_first: bool = False) -> list:
+        """Answer the blocks waiting for a trial, in the order they asked, while the model
+        has points ready (or their wait is over: a fallback)."""
+        answers = []
+        while self.deferred:
+            block, source, asked, deadline = self.deferred[0]
+            trial = self._next_trial(block, deadline)
+            if trial is Prefetcher.WAIT:
+                break
+            self.deferred.pop(0)
+            if trial is None:
+                active.discard(block)
+            else:
+                self.running[block] = trial
+            answers.append((source, TAG_TRIAL, trial, asked))
+            if only_first:
+                break
+        return answers
 
     def interrupt(self) -> None:
         """Stop dispatching (a stop signal); in-flight trials are re-queued by --resume."""

@@ -20,7 +20,8 @@ class Prefetcher:
     ``get(wait)`` hands out a ready suggestion; with
     none ready it waits up to ``wait`` seconds for one being computed, then hands out a
     *fallback* (a random point not tried yet), so a block never idles long on the model. When
-    a finite space has no untried point left, ``get`` returns None.
+    a finite space has no untried point left, ``get`` returns None. ``take(give_up)`` is the
+    same without waiting: the coordinator keeps serving other blocks meanwhile.
     """
 
     def __init__(self, searcher: Searcher, ahead: int, known_keys=(), pending=(), enqueued=()):
@@ -66,30 +67,40 @@ class Prefetcher:
             self.error = err
             self.computing = False
 
-    def get(self, wait: float = 0.0) -> Optional[Tuple[Dict[str, Any], str]]:
-        """A suggestion and its origin, or None when a finite space is exhausted."""
-        import time
+    WAIT = ("wait", None)  # take(): the model is computing; ask again
 
-        deadline = time.monotonic() + wait
-        while True:
-            if self.error is not None:
-                raise self.error
-            with self._lock:
-                while self.ready:
-                    point, origin = self.ready.pop(0)
-                    if trial_key(point) not in self.known:
-                        return self._hand_out(point, origin)
-                computing = self.computing or self._requested != self._seen
-            self._wake.set()
-            if not computing or time.monotonic() >= deadline:
-                break
-            time.sleep(0.002)
+    def take(self, give_up: bool):
+        """A ready suggestion and its origin; while the model is still computing one and not
+        ``give_up``, ``WAIT``; else a fallback; None when a finite space is exhausted."""
+        if self.error is not None:
+            raise self.error
+        with self._lock:
+            while self.ready:
+                point, origin = self.ready.pop(0)
+                if trial_key(point) not in self.known:
+                    return self._hand_out(point, origin)
+            computing = self.computing or self._requested != self._seen
+        self._wake.set()
+        if computing and not give_up:
+            return self.WAIT
         point = self._untried()
         if point is None:
             return None
         self.fallbacks += 1
         with self._lock:
             return self._hand_out(point, "fallback")
+
+    def get(self, wait: float = 0.0) -> Optional[Tuple[Dict[str, Any], str]]:
+        """A suggestion and its origin, waiting up to ``wait`` seconds for the model, or None
+        when a finite space is exhausted."""
+        import time
+
+        deadline = time.monotonic() + wait
+        while True:
+            got = self.take(give_up=time.monotonic() >= deadline)
+            if got is not self.WAIT:
+                return got
+            time.sleep(0.002)
 
     def _hand_out(self, point, origin):
         key = trial_key(point)

@@ -91,10 +91,20 @@ class GPSearcher(Searcher):
       the fit happens at the next ask.
     - ``acq_func``: EI, PI or LCB; ``gp_hedge`` takes them in turn, one per suggestion (not
       skopt's gain-weighted portfolio).
+    - At scale (more than ``believer_max`` points busy or asked for): the model is fitted on
+      at most ``max_model_points`` results (the best half and the newest half), and a batch
+      comes from that one model without refits, as DeepHyper's qUCB batches do (its
+      decentralised search, Egele et al. 2023, gives each worker its own weight): each suggestion draws its own exploration weight
+      kappa_i ~ Exp(mean ``kappa``) and minimises the lower confidence bound mu - kappa_i
+      sigma, where sigma is shrunk near every busy point and every point already picked as
+      one observation there would shrink it (sigma sqrt(1 - rho^2), rho the kernel's
+      correlation). Cost per batch: one prediction on the candidates and one kernel column
+      per busy or picked point, whatever the number of blocks.
     """
 
     def __init__(self, space, seed=0, n_objectives=1, acq_func="EI", n_initial=5, xi=0.01,
-                 kappa=1.96, candidates=4000, max_fit_points=150):
+                 kappa=1.96, candidates=4000, max_fit_points=150, max_model_points=1000,
+                 believer_max=16):
         super().__init__(space, seed, n_objectives)
         from skopt import Optimizer
 
@@ -105,6 +115,11 @@ class GPSearcher(Searcher):
         self.sk_space, self.estimator = template.space, template.base_estimator_
         self.acq_func, self.xi, self.kappa = acq_func, xi, kappa
         self.n_initial, self.candidates, self.max_fit_points = n_initial, candidates, max_fit_points
+        if max_model_points < max_fit_points:
+            raise ValueError(f"max_model_points ({max_model_points}) must be at least "
+                             f"max_fit_points ({max_fit_points})")
+        self.max_model_points, self.believer_max = max_model_points, believer_max
+        self.model_rows: List[int] = []  # which results the model is fitted on
         self.initial_handed = 0
         self.X: List[list] = []   # told points (skopt order of values)
         self.y: List[float] = []
@@ -131,24 +146,31 @@ class GPSearcher(Searcher):
             gp.fit(Xt, y)
         return gp
 
+    @staticmethod
+    def _kept(y: np.ndarray, most: int) -> np.ndarray:
+        """Indices of at most ``most`` results: the best half and the most recent half."""
+        idx = np.arange(len(y))
+        if len(y) <= most:
+            return idx
+        half = most // 2
+        return np.unique(np.concatenate([np.argsort(y)[:half], idx[-half:]]))
+
     def _update(self):
         n = len(self.y)
         if n == self.fitted_n:
             return
         Xt = self.sk_space.transform(self.X)
         y = np.asarray(self.y, dtype=float)
+        rows = self._kept(y, self.max_model_points)
         if self.kernel is None or n >= self.n_hyper + max(1, self.n_hyper // 5):
-            idx = np.arange(n)
-            if n > self.max_fit_points:  # hyperparameters from the best and the newest points
-                half = self.max_fit_points // 2
-                idx = np.unique(np.concatenate([np.argsort(y)[:half], idx[-half:]]))
+            idx = self._kept(y, self.max_fit_points)  # hyperparameters: best and newest
             gp = self._fit(Xt[idx], y[idx], None)
             self.kernel, self.noise, self.n_hyper = gp.kernel_, gp.noise_ or 0.0, n
-            if len(idx) < n:
-                gp = self._fit(Xt, y, self.kernel)
+            if len(idx) < len(rows):
+                gp = self._fit(Xt[rows], y[rows], self.kernel)
         else:
-            gp = self._fit(Xt, y, self.kernel)
-        self.model, self.fitted_n = gp, n
+            gp = self._fit(Xt[rows], y[rows], self.kernel)
+        self.model, self.fitted_n, self.model_rows = gp, n, list(rows)
 
     @staticmethod
     def _mean_std(gp, Xt):
@@ -196,7 +218,9 @@ class GPSearcher(Searcher):
         if not cand:
             return []
         Xc = self.sk_space.transform([self._row(p) for p in cand])
-        X, y = list(self.X), list(self.y)
+        if len(pending) + n > self.believer_max:
+            return self._spread(n, pending, cand, Xc, rng)
+        X, y = [self.X[i] for i in self.model_rows], [self.y[i] for i in self.model_rows]
         y_opt = float(np.min(self.y))
         gp = self.model
         if pending:  # busy blocks' points, believed at the model's prediction
@@ -222,6 +246,30 @@ class GPSearcher(Searcher):
                 gp = self._fit(self.sk_space.transform(X), np.asarray(y), self.kernel)
         return out
 
+    def _spread(self, n, pending, cand, Xc, rng):
+        """n suggestions from one model, each with its own exploration weight, kept apart
+        from the busy points and from each other by the shrunk sigma (see the class)."""
+        gp = self.model
+        correlation = _correlation(gp.kernel_, Xc)
+        mu, std = self._mean_std(gp, Xc)
+        rho = np.zeros(len(cand))  # the highest correlation with a busy or picked point
+        if pending:
+            Xp = self.sk_space.transform([self._row(p) for p in pending])
+            for chunk in np.array_split(Xp, -(-len(Xp) // 256)):
+                rho = np.maximum(rho, correlation(chunk))
+        kappas = rng.exponential(self.kappa, n)
+        out, taken = [], np.zeros(len(cand), bool)
+        for kappa in kappas:
+            score = mu - kappa * std * np.sqrt(np.clip(1.0 - rho ** 2, 0.0, 1.0))
+            score[taken] = np.inf
+            j = int(np.argmin(score))
+            if not np.isfinite(score[j]):
+                break
+            taken[j] = True
+            out.append(cand[j])
+            rho = np.maximum(rho, correlation(Xc[j:j + 1]))
+        return out
+
     # -- the two verbs -----------------------------------------------------------------------
     def ask_many(self, n, pending=(), exclude=()):
         out = []
@@ -244,6 +292,33 @@ class GPSearcher(Searcher):
             if loss is not None:
                 self.X.append(self._row(point))
                 self.y.append(float(loss))
+
+
+def _correlation(kernel, Xc):
+    """X -> per candidate c, the highest correlation k(c, x) / k(x, x) over the rows x of X.
+    skopt's kernel (constant * Matern, + white noise) in closed form from the nearest row
+    (sklearn's kernel call costs milliseconds per point); any other kernel through that call."""
+    from scipy.spatial.distance import cdist
+    from sklearn.gaussian_process.kernels import ConstantKernel, Matern, Product, Sum, WhiteKernel
+
+    signal = kernel.k1 if isinstance(kernel, Sum) and isinstance(kernel.k2, WhiteKernel) else kernel
+    matern = signal.k2 if isinstance(signal, Product) and isinstance(signal.k1, ConstantKernel) \
+        else signal
+    if isinstance(matern, Matern) and matern.nu in (0.5, 1.5, 2.5):
+        scale = matern.length_scale
+        scaled = Xc / scale
+
+        def closed_form(X):
+            r = cdist(scaled, X / scale).min(axis=1)  # Matern falls with the distance
+            if matern.nu == 0.5:
+                return np.exp(-r)
+            if matern.nu == 1.5:
+                return (1 + np.sqrt(3) * r) * np.exp(-np.sqrt(3) * r)
+            return (1 + np.sqrt(5) * r + 5 * r ** 2 / 3) * np.exp(-np.sqrt(5) * r)
+
+        return closed_form
+    amplitude = float(signal.diag(Xc[:1])[0])
+    return lambda X: signal(Xc, X).max(axis=1) / amplitude
 
 
 class _quiet:

@@ -1,0 +1,236 @@
+"""HPO at supercomputer scale, by simulation: 8 to 1 024 workers, 10 evaluations each.
+
+    python bench/hpo_scale.py --quick       # 8 and 64 workers, 1 seed, 2 sweeps at once: < 3 min
+    python bench/hpo_scale.py               # 8, 64, 256, 1 024 workers, 5 seeds (hours;
+                                            # --jobs 4 runs 4 sweeps at once on a quiet node)
+    python bench/hpo_scale.py --workers 1024 --seeds 5 --jobs 4   # one size
+
+Every sweep is ``mpirun -np 2``: rank 0 runs the real coordinator (journal with group
+commits, prefetcher, searcher), rank 1 plays the workers with the messages real blocks send
+(``mpilearn.hpo.simulate``: why that is faithful is in its docstring). A trial lasts a
+log-normal time (sigma 0.5; median ``max(1 s, workers / 100 s)``, so the coordinator sees
+about 100 requests a second at every size) and returns Hartmann-6 plus Gaussian noise (sd 0.1).
+
+Searchers: random, evolution (DEAP), gp (scikit-optimize's GP; past 16 busy points, batches
+from one model with per-point exploration weights: the scalable path), and Optuna's TPE
+(``TPESampler(constant_liar=True)`` through its documented ask/tell, driven by the same
+coordinator and prefetcher as ours). gp and TPE start with one random point per worker (the
+first wave has no data to model).
+
+Reported per worker count and searcher (mean over seeds; regret: median over seeds):
+- utilisation: trial time / each worker's time in the sweep (from the start until it is
+  told that no trial is left), over all workers;
+- model share: the share of the post-initial suggestions that came from the model;
+- regret (noise-free value of the best point found, minus the minimum) after all
+  evaluations, and curves against evaluations and wall time (OUT.png);
+- the coordinator's decision latency (a block's request received -> its answer sent,
+  including the journal's fsync) and its CPU time per decision (the main thread's).
+Writes bench/results/hpo_scale.{json,md,png}.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+from mpilearn.hpo import benchmarks  # noqa: E402
+from mpilearn.hpo.searchers import Searcher  # noqa: E402
+from mpilearn.hpo.space import trial_key  # noqa: E402
+
+SEARCHERS = ("random", "evolution", "gp", "optuna-tpe")
+
+
+class OptunaTPE(Searcher):
+    """Optuna's TPE through ``study.ask``/``study.tell`` with constant liar (trials still
+    running count as bad ones), so that the coordinator drives it as it drives ours."""
+
+    def __init__(self, space, seed, n_startup):
+        super().__init__(space, seed)
+        import optuna
+
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        self.optuna = optuna
+        self.n_startup = n_startup
+        self.study = optuna.create_study(sampler=optuna.samplers.TPESampler(
+            seed=seed, constant_liar=True, n_startup_trials=n_startup))
+        self.dists = {p.name: optuna.distributions.FloatDistribution(p.low, p.high)
+                      for p in space.params}
+        self.open = {}  # key -> optuna trial asked, not told
+        self.told = 0
+
+    def ask_many(self, n, pending=(), exclude=()):
+        out = []
+        for _ in range(n):
+            trial = self.study.ask(self.dists)
+            point = dict(trial.params)
+            if trial_key(point) in exclude:
+                self.study.tell(trial, state=self.optuna.trial.TrialState.FAIL)
+                continue
+            self.open[trial_key(point)] = trial
+            out.append((point, "model" if self.told >= self.n_startup else "initial"))
+        return out
+
+    def tell_many(self, results):
+        for point, loss in results:
+            trial = self.open.pop(trial_key(point), None)
+            self.told += loss is not None
+            if trial is not None:
+                if loss is None:
+                    self.study.tell(trial, state=self.optuna.trial.TrialState.FAIL)
+                else:
+                    self.study.tell(trial, float(loss))
+            elif loss is not None:  # a fallback point the coordinator handed out
+                self.study.add_trial(self.optuna.trial.create_trial(
+                    params=point, distributions=self.dists, value=float(loss)))
+
+
+def one(argv) -> int:
+    """Under mpirun: one sweep (``mpilearn.hpo.simulate``), with Optuna's TPE if asked."""
+    from mpilearn.hpo import simulate
+
+    args, _ = simulate.parser().parse_known_args(argv)
+    factory = (lambda space, seed: OptunaTPE(space, seed, args.workers)) \
+        if args.searcher == "optuna-tpe" else None
+    return simulate.main(argv, factory)
+
+
+def sweep(searcher, workers, seed, median_s, tmp):
+    out = os.path.join(tmp, f"{searcher}-{workers}-{seed}")
+    options = {"gp": {"n_initial": workers}}.get(searcher, {})
+    cmd = ["mpirun", "-np", "2", "--oversubscribe", sys.executable, os.path.abspath(__file__),
+           "--one", "--workers", str(workers), "--searcher", searcher, "--seed", str(seed),
+           "--median-s", str(median_s), "--out", out, "--options", json.dumps(options)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "OMPI_ALLOW_RUN_AS_ROOT": "1",
+           "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
+    return metrics(out)
+
+
+def metrics(out):
+    sim = json.load(open(os.path.join(out, "sim.json")))
+    journal = [json.loads(line) for line in open(os.path.join(out, "journal.jsonl"))]
+    origins = Counter(e.get("origin") for e in journal if e["event"] == "started")
+    post = sum(origins.values()) - origins["initial"] - origins["enqueued"]
+    trials = sorted(sim["trials"], key=lambda t: t[1])  # by end time
+    regret = np.minimum.accumulate([t[2] for t in trials]) - benchmarks.HARTMANN6_MIN
+    busy, window = np.array(sim["busy_s"]), np.array(sim["window_s"])
+    lat, cpu = np.array(sim["latency_s"]), np.array(sim["decision_cpu_s"])
+    return {"utilisation": float(busy.sum() / window.sum()),
+            "utilisation_min": float(np.min(busy / window)),
+            "model_share": origins["model"] / post if post and origins["model"] else None,
+            "origins": dict(origins), "trials": len(trials),
+            "once": len({e["key"] for e in journal if e["event"] == "done"}) == len(trials),
+            "regret": float(regret[-1]), "regret_curve": regret.tolist(),
+            "end_s": [t[1] for t in trials], "wall_s": sim["wall_s"],
+            "decision_p50_ms": 1e3 * float(np.percentile(lat, 50)),
+            "decision_p95_ms": 1e3 * float(np.percentile(lat, 95)),
+            "cpu_per_decision_p50_ms": 1e3 * float(np.percentile(cpu, 50)),
+            "cpu_per_decision_p95_ms": 1e3 * float(np.percentile(cpu, 95)),
+            "block_wait_p95_ms": 1e3 * float(np.percentile(sim["wait_s"], 95)),
+            "coordinator_process_cpu_s": sim["process_cpu_s"]}
+
+
+def table(rows, sizes, searchers, seeds):
+    md = [f"Hartmann-6 + noise (sd 0.1), 10 evaluations per worker, {len(seeds)} seed(s); "
+          "regret: median over seeds after all evaluations (noise-free value of the best point "
+          "found); the rest: mean over seeds. Decision: the coordinator's time from a "
+          "block's request to its answer, with the journal's fsync; CPU: its main thread's "
+          "CPU per decision.", "",
+          "| workers | trial median | searcher | utilisation (min worker) | model share | regret | "
+          "decision p50 / p95 (ms) | CPU per decision p50 / p95 (ms) | block wait p95 (ms) | wall (s) |",
+          "|---|---|---|---|---|---|---|---|---|---|"]
+    for w in sizes:
+        for s in searchers:
+            runs = [r for r in rows if r["workers"] == w and r["searcher"] == s]
+            if not runs:
+                continue
+            mean = lambda k: float(np.mean([r[k] for r in runs]))  # noqa: E731
+            shares = [r["model_share"] for r in runs if r["model_share"] is not None]
+            md.append(
+                f"| {w} | {runs[0]['median_s']:g} s | {s} | {mean('utilisation'):.2%} "
+                f"({min(r['utilisation_min'] for r in runs):.1%}) | "
+                f"{f'{np.mean(shares):.1%}' if shares else 'n/a'} | "
+                f"{np.median([r['regret'] for r in runs]):.4f} | "
+                f"{mean('decision_p50_ms'):.1f} / {mean('decision_p95_ms'):.1f} | "
+                f"{mean('cpu_per_decision_p50_ms'):.2f} / {mean('cpu_per_decision_p95_ms'):.2f} | "
+                f"{mean('block_wait_p95_ms'):.0f} | {mean('wall_s'):.0f} |")
+    return md
+
+
+def plot(rows, sizes, searchers, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, len(sizes), figsize=(4.5 * len(sizes), 7), squeeze=False)
+    for col, w in enumerate(sizes):
+        for s in searchers:
+            runs = [r for r in rows if r["workers"] == w and r["searcher"] == s]
+            if not runs:
+                continue
+            n = min(len(r["regret_curve"]) for r in runs)
+            curve = np.median([r["regret_curve"][:n] for r in runs], axis=0)
+            end = np.median([r["end_s"][:n] for r in runs], axis=0)
+            axes[0, col].plot(np.arange(1, n + 1), curve, label=s)
+            axes[1, col].plot(end, curve, label=s)
+        axes[0, col].set(yscale="log", title=f"{w} workers", xlabel="evaluations",
+                         ylabel="median regret")
+        axes[1, col].set(yscale="log", xlabel="wall time (s)", ylabel="median regret")
+        axes[0, col].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+
+
+def main():
+    if "--one" in sys.argv:
+        sys.exit(one([a for a in sys.argv[1:] if a != "--one"]))
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from common import write
+
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="8 and 64 workers, 1 seed")
+    ap.add_argument("--workers", type=int, nargs="+", help="worker counts (default 8 64 256 1024)")
+    ap.add_argument("--seeds", type=int, default=5)
+    ap.add_argument("--searchers", nargs="+", default=list(SEARCHERS), choices=SEARCHERS)
+    ap.add_argument("--median-s", type=float, help="median trial length (default max(1, W/100))")
+    ap.add_argument("--jobs", type=int, help="sweeps run at once (default 1; --quick: 2)")
+    ap.add_argument("--out", default=os.path.join(REPO, "bench", "results", "hpo_scale"))
+    a = ap.parse_args()
+    sizes = a.workers or ([8, 64] if a.quick else [8, 64, 256, 1024])
+    seeds = range(1 if a.quick else a.seeds)
+    plan = [(s, w, seed, a.median_s or max(1.0, w / 100)) for w in sizes for seed in seeds
+            for s in a.searchers]
+    rows = []
+    with tempfile.TemporaryDirectory(dir=os.path.join(REPO, "bench", "results")) as tmp:
+        def go(job):
+            s, w, seed, median_s = job
+            start = time.perf_counter()
+            row = {"searcher": s, "workers": w, "seed": seed, "median_s": median_s,
+                   **sweep(s, w, seed, median_s, tmp)}
+            print(json.dumps({k: v for k, v in row.items() if k not in ("regret_curve", "end_s")})
+                  + f"  ({time.perf_counter() - start:.0f} s)", flush=True)
+            return row
+
+        with ThreadPoolExecutor(a.jobs or (2 if a.quick else 1)) as pool:
+            rows = list(pool.map(go, plan))
+    md = table(rows, sizes, a.searchers, seeds)
+    md += ["", f"Command: `python bench/hpo_scale.py {' '.join(sys.argv[1:])}`; curves: "
+           f"{os.path.basename(a.out)}.png"]
+    write(a.out, rows, md)
+    plot(rows, sizes, a.searchers, a.out + ".png")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,181 @@
+"""A sweep with simulated blocks: one rank plays many blocks against the real coordinator.
+
+    mpirun -np 2 python -m mpilearn.hpo.simulate --workers 64 --out DIR [--searcher gp]
+        [--evals-per-worker 10] [--problem hartmann6|branin] [--median-s 0.5] [--resume]
+
+Rank 0 runs the sweep's own :class:`Coordinator` with its journal, searcher, prefetcher and
+pruner: the code ``python -m mpilearn.optimize`` runs. Rank 1 plays N blocks. Each one sends
+what a real block leader sends (``TAG_BLOCK``: its block number and its last result) and
+takes its next trial from the answer (``TAG_TRIAL``). A trial lasts a log-normal time (the
+spread of real trials) and returns a noisy Hartmann-6 or Branin value.
+
+Why this is faithful to N real blocks: the coordinator probes any source and answers one
+message at a time in either case, and the messages are the same, so it cannot tell the two
+apart. The only difference is the sender. MPI keeps one sender's messages to one receiver in
+order, so rank 1 pairs each answer with the block that asked first. Rank 1 is an event loop
+(no thread per block). A block's wait is counted from the moment its trial ends, so the
+simulator's own lag counts against utilisation and never for it.
+
+Time is real (wall-clock), not virtual: the coordinator's group commits, the model thread and
+the GIL compete as they do in a sweep. Short trials therefore test the coordinator harder
+than real, minutes-long ones would.
+"""
+from __future__ import annotations
+
+import argparse
+import heapq
+import json
+import os
+import sys
+import time
+from collections import deque
+
+import numpy as np
+
+from . import benchmarks
+from .coordinator import TAG_BLOCK, TAG_TRIAL, Coordinator
+from .journal import Journal
+from .space import Space
+
+TAG_STATS = 91
+PROBLEMS = {"hartmann6": (benchmarks.hartmann6, benchmarks.HARTMANN6_MIN, 0.1),
+            "branin": (benchmarks.branin, benchmarks.BRANIN_MIN, 2.0)}  # f, min, noise sd
+
+
+def duration(seed: int, trial: int, median_s: float, sigma: float) -> float:
+    """A trial's length: log-normal, a function of (seed, trial) so a requeued trial keeps it."""
+    return float(median_s * np.exp(sigma * np.random.default_rng([seed, 7, trial]).normal()))
+
+
+def noisy_value(problem: str, params: dict, seed: int, trial: int) -> tuple:
+    """(observed value with Gaussian noise, true value)."""
+    func, _, noise = PROBLEMS[problem]
+    true = float(func(params))
+    return true + noise * float(np.random.default_rng([seed, 11, trial]).normal()), true
+
+
+def play(comm, workers: int, problem: str, seed: int, median_s: float, sigma: float) -> dict:
+    """Rank 1: N blocks in one event loop until the coordinator has no trial left for any."""
+    start = time.perf_counter()
+    asking = deque()            # (block, since): requests in the order sent
+    running = []                # heap of (end, block, trial, seconds)
+    busy, window = np.zeros(workers), np.zeros(workers)
+    trials = []                 # per finished trial: trial number, end (s), true value
+    waits = []                  # per answer: seconds from the request (or trial end) to it
+    for block in range(workers):
+        comm.send({"block": block, "result": None}, dest=0, tag=TAG_BLOCK)
+        asking.append((block, start))
+    while asking or running:
+        idle = True
+        while asking and comm.Iprobe(source=0, tag=TAG_TRIAL):
+            trial = comm.recv(source=0, tag=TAG_TRIAL)
+            block, since = asking.popleft()
+            now = time.perf_counter()
+            waits.append(now - since)
+            if trial is None:  # released: its window ends here
+                window[block] = now - start
+                continue
+            assert trial["block"] == block, (trial["block"], block)
+            seconds = duration(seed, trial["trial"], median_s, sigma)
+            heapq.heappush(running, (now + seconds, block, trial, seconds))
+            idle = False
+        now = time.perf_counter()
+        while running and running[0][0] <= now:
+            end, block, trial, seconds = heapq.heappop(running)
+            value, true = noisy_value(problem, trial["params"], seed, trial["trial"])
+            busy[block] += seconds
+            trials.append((trial["trial"], end - start, true))
+            fold = {"fold": 0, "status": "done", "values": [value], "wall": seconds}
+            comm.send({"block": block, "result": {"folds": [fold], "wall": seconds}},
+                      dest=0, tag=TAG_BLOCK)
+            asking.append((block, end))
+            idle = False
+        if idle:
+            nxt = running[0][0] - time.perf_counter() if running else 0.0005
+            time.sleep(min(max(nxt, 0.0), 0.0005))
+    return {"busy_s": busy.tolist(), "window_s": window.tolist(), "trials": trials, "wait_s": waits,
+            "wall_s": time.perf_counter() - start}
+
+
+def coordinate(comm, searcher, journal_path: str, workers: int, budget: int) -> dict:
+    """Rank 0: the sweep's coordinator over ``workers`` blocks."""
+    import resource
+
+    journal = Journal(journal_path)
+    state = journal.replay()
+    config = {"search": {"budget": budget, "folds": 1, "fold_mode": "parallel", "enqueue": []}}
+    coordinator = Coordinator(comm, config, searcher, journal, state, workers, progress=False)
+    comm.Barrier()  # the blocks start once the coordinator is up (as mpilearn.optimize's wait)
+    cpu = resource.getrusage(resource.RUSAGE_SELF)
+    coordinator.run()
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    return {"latency_s": coordinator.latencies, "decision_cpu_s": coordinator.cpu_times,
+            "fallbacks": coordinator.pool.fallbacks,
+            "process_cpu_s": (after.ru_utime + after.ru_stime) - (cpu.ru_utime + cpu.ru_stime)}
+
+
+def run(comm, make_searcher_fn, args) -> dict:
+    """Both ranks; rank 0 returns the coordinator's and the blocks' numbers (None elsewhere)."""
+    from ..errors import UsageError
+
+    journal = os.path.join(args.out, "journal.jsonl")
+    # every rank checks (same answer everywhere), so a bad start ends both, never one
+    if comm.Get_size() != 2:
+        raise UsageError(f"run it on 2 ranks (mpirun -np 2), not {comm.Get_size()}: rank 0 "
+                         "coordinates, rank 1 plays the blocks")
+    if args.workers < 1 or args.evals_per_worker < 1:
+        raise UsageError("--workers and --evals-per-worker must be at least 1")
+    if os.path.exists(journal) and not args.resume:
+        raise UsageError(f"{journal} exists; pass --resume to continue it")
+    comm.Barrier()  # the checks passed on both ranks
+    os.makedirs(args.out, exist_ok=True)
+    if comm.Get_rank() == 1:
+        comm.Barrier()  # the coordinator is up
+        comm.send(play(comm, args.workers, args.problem, args.seed, args.median_s, args.sigma),
+                  dest=0, tag=TAG_STATS)
+        return None
+    space = Space.from_config(benchmarks.space(args.problem))
+    stats = coordinate(comm, make_searcher_fn(space, args.seed), journal, args.workers,
+                       args.workers * args.evals_per_worker)
+    stats.update(comm.recv(source=1, tag=TAG_STATS))
+    stats.update({k: v for k, v in vars(args).items() if k != "options"})
+    with open(os.path.join(args.out, "sim.json"), "w") as f:
+        json.dump(stats, f)
+    return stats
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m mpilearn.hpo.simulate", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--workers", type=int, required=True, help="simulated blocks")
+    p.add_argument("--evals-per-worker", type=int, default=10, help="budget = workers x this")
+    p.add_argument("--searcher", default="gp")
+    p.add_argument("--options", default="{}", help="search.options as JSON")
+    p.add_argument("--problem", choices=sorted(PROBLEMS), default="hartmann6")
+    p.add_argument("--median-s", type=float, default=0.5, help="median trial length (s)")
+    p.add_argument("--sigma", type=float, default=0.5, help="log-normal spread of trial lengths")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", required=True, help="directory for journal.jsonl and sim.json")
+    p.add_argument("--resume", action="store_true", help="continue the journal in --out")
+    return p
+
+
+def main(argv=None, make_searcher_fn=None) -> int:
+    """``make_searcher_fn(space, seed)``: a searcher other than ours (a bench's peer)."""
+    from ..core import comm as mcomm
+    from ..errors import exit_status
+    from .searchers import make_searcher
+
+    args = parser().parse_args(argv)
+    world = mcomm.init().comm  # a crash on one rank ends the job with its traceback
+    try:
+        options = json.loads(args.options)
+        run(world, make_searcher_fn or (lambda space, seed: make_searcher(
+            args.searcher, space, seed, **options)), args)
+    except Exception as err:  # bad input: exit 2 (rank 0 says why); others abort the job
+        return exit_status(err, world.Get_rank())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
