@@ -233,12 +233,9 @@ class GPSearcher(Searcher):
             which = self.acq_func
             if which == "gp_hedge":
                 which = ("EI", "PI", "LCB")[(self.asked + i) % 3]
-            score = self._acquisition(gp, Xc, which, y_opt)
-            score[taken] = np.inf
-            j = int(np.argmin(score))
-            if not np.isfinite(score[j]):
+            j = _pick(self._acquisition(gp, Xc, which, y_opt), taken)
+            if j is None:
                 break
-            taken[j] = True
             out.append(cand[j])
             if i + 1 < n:  # believe it, refit with the kernel fixed
                 X.append(self._row(cand[j]))
@@ -260,12 +257,9 @@ class GPSearcher(Searcher):
         kappas = rng.exponential(self.kappa, n)
         out, taken = [], np.zeros(len(cand), bool)
         for kappa in kappas:
-            score = mu - kappa * std * np.sqrt(np.clip(1.0 - rho ** 2, 0.0, 1.0))
-            score[taken] = np.inf
-            j = int(np.argmin(score))
-            if not np.isfinite(score[j]):
+            j = _pick(mu - kappa * std * np.sqrt(np.clip(1.0 - rho ** 2, 0.0, 1.0)), taken)
+            if j is None:
                 break
-            taken[j] = True
             out.append(cand[j])
             rho = np.maximum(rho, correlation(Xc[j:j + 1]))
         return out
@@ -292,6 +286,17 @@ class GPSearcher(Searcher):
             if loss is not None:
                 self.X.append(self._row(point))
                 self.y.append(float(loss))
+
+
+def _pick(score, taken):
+    """The best (lowest-scoring) candidate not yet taken, now marked taken; None when every
+    candidate is taken or scores non-finite."""
+    score[taken] = np.inf
+    j = int(np.argmin(score))
+    if not np.isfinite(score[j]):
+        return None
+    taken[j] = True
+    return j
 
 
 def _correlation(kernel, Xc):
