@@ -102,7 +102,9 @@ def main(argv=None) -> int:
     p.add_argument("--config", help="the run's config.yaml (default: next to checkpoints/)")
     p.add_argument("--angle-key", default="mtheta", help="the angle dataset of files read "
                    "without a checkpoint (default mtheta)")
-    p.add_argument("--events", type=int, default=2000, help="MC events to compare (default 2000)")
+    p.add_argument("--events", type=int, default=2000, help="MC events to compare (default "
+                   "2000); as many again, disjoint, give the MC-vs-MC floor (with fewer MC "
+                   "events, the two halves of what there is)")
     p.add_argument("--output", default=None, help="folder for validation.json and plots "
                    "(default: RUN/validation/final, or ./validation without a checkpoint)")
     p.add_argument("--json", help="also write the results to this JSON file")
@@ -125,7 +127,15 @@ def main(argv=None) -> int:
         run = os.path.dirname(os.path.dirname(checkpoint)) if checkpoint else None
         output = args.output or (os.path.join(run, "validation", "final") if run else "validation")
         n = min(len(mc), len(generated)) if generated is not None else len(mc)
-        events = np.sort(np.random.default_rng(0).permutation(n)[:args.events])
+        # the compared events, then the floor's disjoint second half
+        picked = np.random.default_rng(0).permutation(len(mc))
+        if generated is not None:  # the compared events must have a generated shower
+            first = np.sort(picked[picked < n][:min(args.events, n // 2 or 1)])
+            rest = np.sort(np.setdiff1d(picked, first)[:len(first)])
+            events = np.concatenate([first, rest])
+        else:
+            events = np.concatenate([np.sort(h) for h in np.array_split(
+                picked[:2 * args.events], 2)])
         title = " ".join(filter(None, [
             f"run {os.path.basename(os.path.abspath(run))}" if run else None,
             epoch,
@@ -153,9 +163,18 @@ def summary(result: dict) -> str:
 
     if not result.get("events"):
         return "no MC event passed the selection"
-    return (f"score {result['score']:.4f} ({terms('')}); reference_metric "
-            f"{result['reference_metric']:.4f} ({terms('reference_')}); sampling_fraction_mre "
-            f"{result['sampling_fraction_mre']:.4f} ± {result['sampling_fraction_mre_error']:.4f} "
+    def floor(name):
+        if result.get(f"{name}_floor") is None:
+            return ""
+        ratio = result.get(f"{name}_ratio")
+        return (f" [MC-vs-MC floor {result[name + '_floor']:.4f}, ratio "
+                + (f"{ratio:.2f}]" if ratio is not None else "n/a]"))
+
+    return (f"score {result['score']:.4f}{floor('score')} ({terms('')}); reference_metric "
+            f"{result['reference_metric']:.4f} ({terms('reference_')}), over the cells the MC "
+            f"fills {result['reference_metric_filled']:.4f}{floor('reference_metric_filled')}; "
+            f"sampling_fraction_mre {result['sampling_fraction_mre']:.4f} ± "
+            f"{result['sampling_fraction_mre_error']:.4f}{floor('sampling_fraction_mre')} "
             f"on {result['events']} events")
 
 
