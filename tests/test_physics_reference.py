@@ -264,3 +264,13 @@ def test_validate_generated_second_mc_sample_scores_near_the_floor(showers_dir, 
     assert 0.5 < result["score_ratio"] < 1.6, result
     assert math.isfinite(result["reference_metric_filled"])
     assert "MC-vs-MC floor" in proc.stdout
+    # the folder is there now: refused (nothing read), unless --overwrite
+    again = ["-m", "mpilearn.validate", "--generated", f"{other}/*.h5", "--mc",
+             f"{showers_dir}/*.h5", "--events", "20", "--no-plots", "--output", str(tmp_path / "v")]
+    proc = mpirun(2, again)
+    assert proc.returncode == 2 and proc.stderr.count(f"--output {tmp_path / 'v'} exists") == 1
+    assert (tmp_path / "v" / "profiles.png").exists()
+    proc = mpirun(1, again + ["--overwrite"])
+    assert proc.returncode == 0, proc.stderr
+    assert json.load(open(tmp_path / "v" / "validation.json"))["events"] == 20
+    assert not (tmp_path / "v" / "profiles.png").exists()  # replaced, not mixed

@@ -46,7 +46,18 @@ def prepare(args):
         config = run_config(checkpoint, args.config)
         load_builder(config["model"])
     generated = expand_files(args.generated) if args.generated else None
+    output = output_folder(args, checkpoint)
+    if os.path.isfile(output):
+        raise UsageError(f"--output {output} is a file, not a folder")
+    if os.path.exists(output) and not args.overwrite:
+        raise UsageError(f"--output {output} exists (give --overwrite to replace it)")
     return checkpoint, config, expand_files(args.mc), generated
+
+
+def output_folder(args, checkpoint) -> str:
+    """--output, or RUN/validation/final with a checkpoint, or ./validation."""
+    run = os.path.dirname(os.path.dirname(checkpoint)) if checkpoint else None
+    return args.output or (os.path.join(run, "validation", "final") if run else "validation")
 
 
 def _shower_format(paths, angle_key: str):
@@ -107,6 +118,7 @@ def main(argv=None) -> int:
                    "events, the two halves of what there is)")
     p.add_argument("--output", default=None, help="folder for validation.json and plots "
                    "(default: RUN/validation/final, or ./validation without a checkpoint)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --output folder")
     p.add_argument("--json", help="also write the results to this JSON file")
     p.add_argument("--no-plots", action="store_true")
     args = p.parse_args(argv)
@@ -125,7 +137,11 @@ def main(argv=None) -> int:
         mc = _share(ctx.comm, mc)
         generated = _share(ctx.comm, generated) if gen_paths else None
         run = os.path.dirname(os.path.dirname(checkpoint)) if checkpoint else None
-        output = args.output or (os.path.join(run, "validation", "final") if run else "validation")
+        output = output_folder(args, checkpoint)
+        if ctx.rank == 0 and args.overwrite and os.path.isdir(output):
+            import shutil
+
+            shutil.rmtree(output)  # asked for: no plot of the earlier validation stays beside
         n = min(len(mc), len(generated)) if generated is not None else len(mc)
         # the compared events, then the floor's disjoint second half
         picked = np.random.default_rng(0).permutation(len(mc))
