@@ -72,17 +72,21 @@ def test_one_and_two_ranks_give_the_same_showers_that_validate_reads(tiny_run, s
 def test_drawn_conditions_lists_and_ranges(tiny_run, tmp_path):
     proc = generate(2, tiny_run, tmp_path / "log.h5", "--events", "9", "--batch-size", "4",
                     "--energy", "10", "500", "--energy-dist", "log", "--angle", "70", "110",
-                    "--precision", "bf16")
+                    "--precision", "bf16", "--extrapolate")
     assert proc.returncode == 0, proc.stderr
+    # outside the run's 100-200 GeV: generated, with one warning naming the range
+    assert proc.stderr.count("warning: --extrapolate: energy 10 GeV is outside the run's "
+                             "training range") == 1, proc.stderr
     with h5py.File(tmp_path / "log.h5") as f:
         e, theta = f["energy"][:], np.degrees(f["mtheta"][:])
         assert np.isfinite(f["ECAL"][:]).all()
     assert ((10 <= e) & (e <= 500)).all() and ((70 <= theta) & (theta <= 110)).all()
-    proc = generate(1, tiny_run, tmp_path / "list.h5", "--events", "5", "--energy", "50", "150",
+    proc = generate(1, tiny_run, tmp_path / "list.h5", "--events", "5", "--energy", "110", "150",
                     "--energy-dist", "list", "--angle", "90")
     assert proc.returncode == 0, proc.stderr
+    assert "warning" not in proc.stderr
     with h5py.File(tmp_path / "list.h5") as f:
-        assert f["energy"][:].tolist() == [50, 150, 50, 150, 50]
+        assert f["energy"][:].tolist() == [110, 150, 110, 150, 110]
         np.testing.assert_allclose(f["mtheta"][:], np.pi / 2, rtol=1e-6)
 
 
@@ -91,6 +95,9 @@ def test_drawn_conditions_lists_and_ranges(tiny_run, tmp_path):
     (["--events", "4", "--angle", "190"], "--angle 190 is out of range"),
     (["--events", "0"], "--events 0: must be at least 1"),
     (["--conditions", "missing.h5"], "--conditions missing.h5: no such file"),
+    # the run trained on 100-200 GeV, 60-120 degrees (RUN/training_ranges.json)
+    (["--events", "4", "--energy", "5000"], "energy 5000 GeV is outside the run's training range"),
+    (["--events", "4", "--angle", "1.57"], "1.57 looks like radians: the angle is in degrees"),
 ])
 def test_bad_input_is_exit_2_from_rank_0(tiny_run, tmp_path, extra, message):
     proc = generate(2, tiny_run, tmp_path / "out.h5", *extra)

@@ -64,3 +64,19 @@ class PhysicsValidation(Callback):
         record.update({k if k in HEADLINE_PHYSICS else f"physics_{k}": v
                        for k, v in result.items() if not isinstance(v, (list, dict))})
         return False
+
+
+class TrainingRanges(Callback):
+    """Records the training files' energy and angle ranges in ``RUN/training_ranges.json``
+    (rank 0, when training starts): what ``generate`` checks conditions against and ``export``
+    writes beside the model."""
+
+    name = "training_ranges"
+
+    @classmethod
+    def for_trainer(cls, trainer):
+        if trainer.ctx.rank == 0:
+            from . import ranges
+
+            ranges.write(trainer.task, trainer.train_files.paths, trainer.output)
+        return cls()

@@ -100,10 +100,11 @@ class GANProtocol:
         return self.preprocess(batch)
 
     def callbacks(self, config: dict) -> tuple:
-        """Physics validation every ``train.validate_every`` epochs (0: none)."""
-        from .callbacks import PhysicsValidation
+        """The training ranges' record, and physics validation every ``train.validate_every``
+        epochs (0: none)."""
+        from .callbacks import PhysicsValidation, TrainingRanges
 
-        return (PhysicsValidation,) if config["train"]["validate_every"] else ()
+        return (TrainingRanges,) + ((PhysicsValidation,) if config["train"]["validate_every"] else ())
 
     def check_files(self, files) -> None:
         """Rank 0, before training: shapes, energy key and finite cells in each file."""
