@@ -117,6 +117,18 @@ def test_export_onnx_matches_pytorch_at_two_batch_sizes(tiny_run, tmp_path):
     proc = mpirun(1, ["-m", "mpilearn.export", str(tiny_run), "--output", str(tmp_path / "x")])
     assert proc.returncode == 0, proc.stderr
     assert "max |difference|" in proc.stdout
+    # what the model is valid for, in the ONNX file and beside it
+    import onnx
+
+    props = {p.key: p.value for p in onnx.load(str(tmp_path / "x" / "generator.onnx")).metadata_props}
+    beside = json.load(open(tmp_path / "x" / "generator.json"))
+    lo, hi = json.loads(props["energy_range_gev"])
+    assert 100 <= lo < hi <= 200 and beside["energy_range_gev"] == [lo, hi]
+    lo, hi = json.loads(props["angle_range_deg"])
+    assert 60 <= lo < hi <= 120
+    assert "degrees" in props["angle_definition"] and props["units"] == json.dumps(beside["units"])
+    assert props["epoch"].startswith("epoch ") and props["run"] == str(tiny_run)
+    assert props["mpilearn_version"] == __import__("mpilearn").__version__
     from mpilearn.calo.export import TOLERANCE, check_onnx, example_inputs
     from mpilearn.calo.runs import load_task, resolve_checkpoint, run_config, shower_model
 
