@@ -16,10 +16,12 @@ GAN = os.path.join(REPO, "models", "gan3d.py")
 
 @pytest.fixture(scope="module")
 def tiny_run(showers_dir, tmp_path_factory):
-    """A small-preset 3DGAN trained for one step: a run directory with its latest and best
-    checkpoints."""
+    """A small-preset 3DGAN trained for one step on the first showers file: a run directory
+    with its latest and best checkpoints, scored on the second (test.json)."""
     out = tmp_path_factory.mktemp("gen") / "run"
-    proc = mpirun(1, train_args("--set", f"model={GAN}", "--set", f"data.files=[{showers_dir}/*.h5]",
+    first, second = sorted(glob.glob(f"{showers_dir}/*.h5"))
+    proc = mpirun(1, train_args("--set", f"model={GAN}", "--set", f"data.files=[{first}]",
+                                "--set", f"data.test_files=[{second}]",
                                 "--set", "hparams.preset=small", "--set", "train.batch_size=8",
                                 "--set", "train.epochs=1", "--set", "train.max_steps_per_epoch=1",
                                 "--set", "data.val_fraction=0.1",
@@ -67,6 +69,19 @@ def test_one_and_two_ranks_give_the_same_showers_that_validate_reads(tiny_run, s
     assert proc.returncode == 0, proc.stderr
     result = json.load(open(tmp_path / "v.json"))
     assert result["events"] > 0 and np.isfinite(result["score"])
+
+
+def test_test_json_has_the_physics_numbers_on_the_test_files(tiny_run, showers_dir):
+    test = json.load(open(tiny_run / "test.json"))
+    assert test["files"] == [sorted(glob.glob(f"{showers_dir}/*.h5"))[1]]
+    # 80 test events: 40 compared with the generator, 40 more for the MC-vs-MC floor
+    assert test["test_events"] == 80  # the validation pass: every event
+    assert test["test_physics_events"] == 40 and test["test_floor_events"] == 40
+    assert test["test_score"] > 0 and test["test_score_floor"] > 0
+    assert test["test_score_ratio"] == pytest.approx(test["test_score"] / test["test_score_floor"])
+    assert np.isfinite(test["test_reference_metric_filled"])
+    assert np.isfinite(test["test_sampling_fraction_mre"]) and "test_d_loss" in test
+    assert (tiny_run / "validation" / "test" / "profiles.png").exists()
 
 
 def test_drawn_conditions_lists_and_ranges(tiny_run, tmp_path):

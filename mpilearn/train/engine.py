@@ -293,7 +293,7 @@ class Trainer:
             best.keep_if_improved(self.task, self.output, self._save(), self.callbacks)
         if self.test_files is not None:
             last["test"] = test_pass(self.task, self.test_files, self.config["train"]["batch_size"],
-                                     self.ctx.comm, self.output, self.epoch)
+                                     self.ctx.comm, self.output, self.epoch, self.config)
         if self.ctx.rank == 0:
             # torch models as .pt and .safetensors, Keras ones as .keras
             self.task.export(os.path.join(self.output, "models"))
