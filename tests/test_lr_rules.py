@@ -84,3 +84,14 @@ def test_warmup_survives_a_resume_exactly(toy_files, tmp_path):
     wa, wb = _weights(tmp_path / "whole"), _weights(cut)
     for k in wa:
         assert np.array_equal(wa[k].numpy(), wb[k].numpy()), k
+
+
+def test_the_epoch_record_names_each_optimizers_rate_where_they_differ():
+    from mpilearn.train.engine import Trainer
+
+    trainer = Trainer.__new__(Trainer)  # the record's lr fields only: no run needed
+    trainer.lr, trainer.lrs = 0.002, {"generator": 0.002, "discriminator": 0.002}
+    assert trainer._lr_fields() == {"lr": 0.002}
+    trainer.lrs = {"generator": 0.002, "discriminator": 0.0005}
+    assert trainer._lr_fields() == {"lr": 0.002, "lr_generator": 0.002,
+                                    "lr_discriminator": 0.0005}
