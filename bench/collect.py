@@ -19,6 +19,8 @@ SECTIONS = [("throughput", "Data-parallel training throughput (np=1 and 2, same 
             ("async_training", "Asynchronous training: allreduce vs downpour vs EASGD at np=3, one rank 5x slower"),
             ("gan_cpu", "The full angle 3DGAN on this CPU: fp32 and bf16, FLOP floor, bf16 loss tracking"),
             ("generate", "Fast simulation: showers/s of the full generator, PyTorch fp32/bf16 and ONNX Runtime"),
+            ("convergence", "3DGAN time-to-quality at np = 1, 2, 4 (issue 35; `python bench/convergence.py`)"),
+            ("convergence_quick", "3DGAN time-to-quality, smoke run (issue 35; `python bench/convergence.py --quick`: no evidence for a rule)"),
             ("resnet_synthetic", "Horovod's synthetic benchmark: torchvision ResNet-18, mpilearn vs Horovod vs DDP"),
             ("keras_throughput", "Small 3DGAN: Keras 3 (TensorFlow, torch backends) vs PyTorch"),
             ("gpu/gan3d", "GPU: the 3DGAN on one H100, mpilearn vs plain PyTorch (bench/gpu_3dgan.py, run on the GPU machine)")]

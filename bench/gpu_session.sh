@@ -2,7 +2,7 @@
 # One GPU session, as run on the lent H100 (no registry there): install the carried wheels,
 # record the software, then run what was asked for.
 #   bash bench/gpu_session.sh OUT STAGES...
-# stages: env bench quick explore tests suite, and issue 31's: gpu small shared generate
+# stages: env bench quick explore tests suite convergence, and issue 31's: gpu small shared generate
 #         eager compiled (each capped by `timeout`, so that one device call stays < 10 min)
 # Issue 31's whole GPU run is three device calls of at most ~9.5 minutes each (the device
 # README's limits: 10 minutes a command, 30 minutes a session, 8 files back, so each call
@@ -80,6 +80,9 @@ for stage in "$@"; do
       timeout 200 python3 bench/gpu_3dgan.py --no-memory-search --channels-last --compile default --steps 4 --warmup 3 \
         --configs full:fp32:128 --out "$OUT/full_compiled_fp32" >>"$OUT/compiled.log" 2>&1
       grep -E "^\{|^\| full|both sides" "$OUT/compiled.log" ;;
+    convergence)  # issue 35: time-to-quality at np 1/2/4 (resumable: run the stage again to continue)
+      timeout ${CONVERGENCE_S:-560} python3 bench/convergence.py --device cuda --preset full \
+        --out "$OUT/convergence" >"$OUT/convergence.log" 2>&1; tail -14 "$OUT/convergence.log" ;;
     tests)  timeout ${TESTS_S:-300} python3 -m pytest -v -rs -p no:cacheprovider -n 8 --durations=15 tests/test_gpu.py >"$OUT/tests_gpu.log" 2>&1; tail -30 "$OUT/tests_gpu.log" ;;
     suite)  timeout ${SUITE_S:-420} python3 -m pytest -v -rs -p no:cacheprovider -n 14 $IGNORE -k "$SKIP" tests >"$OUT/suite.log" 2>&1; tail -40 "$OUT/suite.log" ;;
   esac

@@ -270,6 +270,10 @@ def test_gan_training_with_validation_and_validate_cli(showers_dir, tmp_path):
     # the reference analysis's numbers beside the project's score, every validation
     assert all({"reference_metric", "sampling_fraction_mre", "physics_reference_moments",
                 "physics_sampling_fraction_mre_150"} <= set(l) for l in lines)
+    # ... finite over the cells the MC fills, and the score beside its MC-vs-MC floor
+    assert all(np.isfinite(l["reference_metric_filled"]) and l["score_floor"] > 0
+               and l["score_ratio"] == pytest.approx(l["score"] / l["score_floor"]) for l in lines)
+    assert "score_ratio" in proc.stdout and "reference_metric_filled" in proc.stdout
     assert {"train_d_loss", "train_g_loss", "train_g_ecal", "val_d_loss", "val_g_loss"} <= set(lines[0])
     for name in ("profiles.png", "sampling_fraction.png", "spectra.png", "validation.json",
                  "reference_observables.png", "discriminator.png"):

@@ -16,10 +16,14 @@ GAN = os.path.join(REPO, "models", "gan3d.py")
 
 @pytest.fixture(scope="session")
 def tiny_run(showers_dir, tmp_path_factory):
-    """A small-preset 3DGAN trained for one step: a run directory with its latest and best
-    checkpoints (trained once per session, shared read-only)."""
+    """A small-preset 3DGAN trained for one step on the first showers file: a run directory
+    with its latest and best checkpoints, scored on the second (test.json); trained once per
+    session, shared read-only."""
+    first, second = sorted(glob.glob(f"{showers_dir}/*.h5"))
+
     def train(folder):
-        proc = mpirun(1, train_args("--set", f"model={GAN}", "--set", f"data.files=[{showers_dir}/*.h5]",
+        proc = mpirun(1, train_args("--set", f"model={GAN}", "--set", f"data.files=[{first}]",
+                                    "--set", f"data.test_files=[{second}]",
                                     "--set", "hparams.preset=small", "--set", "train.batch_size=8",
                                     "--set", "train.epochs=1", "--set", "train.max_steps_per_epoch=1",
                                     "--set", "data.val_fraction=0.1",
@@ -71,21 +75,38 @@ def test_one_and_two_ranks_give_the_same_showers_that_validate_reads(tiny_run, s
     assert result["events"] > 0 and np.isfinite(result["score"])
 
 
+def test_test_json_has_the_physics_numbers_on_the_test_files(tiny_run, showers_dir):
+    test = json.load(open(tiny_run / "test.json"))
+    assert test["files"] == [sorted(glob.glob(f"{showers_dir}/*.h5"))[1]]
+    # 80 test events: 40 compared with the generator, 40 more for the MC-vs-MC floor
+    assert test["test_events"] == 80  # the validation pass: every event
+    assert test["test_physics_events"] == 40 and test["test_floor_events"] == 40
+    assert test["test_score"] > 0 and test["test_score_floor"] > 0
+    assert test["test_score_ratio"] == pytest.approx(test["test_score"] / test["test_score_floor"])
+    assert np.isfinite(test["test_reference_metric_filled"])
+    assert np.isfinite(test["test_sampling_fraction_mre"]) and "test_d_loss" in test
+    assert (tiny_run / "validation" / "test" / "profiles.png").exists()
+
+
 @pytest.mark.smoke  # make check: the np=2 run of generate
 def test_drawn_conditions_lists_and_ranges(tiny_run, tmp_path):
     proc = generate(2, tiny_run, tmp_path / "log.h5", "--events", "9", "--batch-size", "4",
                     "--energy", "10", "500", "--energy-dist", "log", "--angle", "70", "110",
-                    "--precision", "bf16")
+                    "--precision", "bf16", "--extrapolate")
     assert proc.returncode == 0, proc.stderr
+    # outside the run's 100-200 GeV: generated, with one warning naming the range
+    assert proc.stderr.count("warning: --extrapolate: energy 10 GeV is outside the run's "
+                             "training range") == 1, proc.stderr
     with h5py.File(tmp_path / "log.h5") as f:
         e, theta = f["energy"][:], np.degrees(f["mtheta"][:])
         assert np.isfinite(f["ECAL"][:]).all()
     assert ((10 <= e) & (e <= 500)).all() and ((70 <= theta) & (theta <= 110)).all()
-    proc = generate(1, tiny_run, tmp_path / "list.h5", "--events", "5", "--energy", "50", "150",
+    proc = generate(1, tiny_run, tmp_path / "list.h5", "--events", "5", "--energy", "110", "150",
                     "--energy-dist", "list", "--angle", "90")
     assert proc.returncode == 0, proc.stderr
+    assert "warning" not in proc.stderr
     with h5py.File(tmp_path / "list.h5") as f:
-        assert f["energy"][:].tolist() == [50, 150, 50, 150, 50]
+        assert f["energy"][:].tolist() == [110, 150, 110, 150, 110]
         np.testing.assert_allclose(f["mtheta"][:], np.pi / 2, rtol=1e-6)
 
 
@@ -94,6 +115,9 @@ def test_drawn_conditions_lists_and_ranges(tiny_run, tmp_path):
     (["--events", "4", "--angle", "190"], "--angle 190 is out of range"),
     (["--events", "0"], "--events 0: must be at least 1"),
     (["--conditions", "missing.h5"], "--conditions missing.h5: no such file"),
+    # the run trained on 100-200 GeV, 60-120 degrees (RUN/training_ranges.json)
+    (["--events", "4", "--energy", "5000"], "energy 5000 GeV is outside the run's training range"),
+    (["--events", "4", "--angle", "1.57"], "1.57 looks like radians: the angle is in degrees"),
 ])
 def test_bad_input_is_exit_2_from_rank_0(tiny_run, tmp_path, extra, message):
     proc = generate(2, tiny_run, tmp_path / "out.h5", *extra)
@@ -113,6 +137,18 @@ def test_export_onnx_matches_pytorch_at_two_batch_sizes(tiny_run, tmp_path):
     proc = mpirun(1, ["-m", "mpilearn.export", str(tiny_run), "--output", str(tmp_path / "x")])
     assert proc.returncode == 0, proc.stderr
     assert "max |difference|" in proc.stdout
+    # what the model is valid for, in the ONNX file and beside it
+    import onnx
+
+    props = {p.key: p.value for p in onnx.load(str(tmp_path / "x" / "generator.onnx")).metadata_props}
+    beside = json.load(open(tmp_path / "x" / "generator.json"))
+    lo, hi = json.loads(props["energy_range_gev"])
+    assert 100 <= lo < hi <= 200 and beside["energy_range_gev"] == [lo, hi]
+    lo, hi = json.loads(props["angle_range_deg"])
+    assert 60 <= lo < hi <= 120
+    assert "degrees" in props["angle_definition"] and props["units"] == json.dumps(beside["units"])
+    assert props["epoch"].startswith("epoch ") and props["run"] == str(tiny_run)
+    assert props["mpilearn_version"] == __import__("mpilearn").__version__
     from mpilearn.calo.export import TOLERANCE, check_onnx, example_inputs
     from mpilearn.calo.runs import load_task, resolve_checkpoint, run_config, shower_model
 

@@ -133,11 +133,11 @@ def test_empty_mc_cells_are_counted(samples):
 def test_validate_generated_second_sample_and_json(showers_dir, tmp_path):
     files = f"{showers_dir}/*.h5"
     proc = mpirun(2, ["-m", "mpilearn.validate", "--generated", files, "--mc", files,
-                      "--events", "100", "--output", str(tmp_path / "same"),
+                      "--events", "80", "--output", str(tmp_path / "same"),
                       "--json", str(tmp_path / "same.json")])
     assert proc.returncode == 0, proc.stderr
     same = json.load(open(tmp_path / "same.json"))
-    assert same["events"] == 100
+    assert same["events"] == 80  # 160 MC events: 80 compared, 80 more for the floor
     assert same["reference_metric"] == pytest.approx(0, abs=1e-6)  # mtheta vs measured: float
     assert same["score"] == 0 and same["sampling_fraction_mre"] == 0
     assert "reference_metric" in proc.stdout and "sampling_fraction_mre" in proc.stdout
@@ -185,3 +185,92 @@ def test_every_number_is_a_metric_an_hpo_objective_can_name():
             "physics_reference_moments", "physics_angle", "physics_sampling_fraction_mre_error"} <= angle
     fixed = logged_metrics(gan3d.build({"variant": "fixed"}), config)
     assert "reference_metric" in fixed and not {"physics_angle", "physics_reference_angle"} & fixed
+
+
+@pytest.fixture(scope="module")
+def halves():
+    """Two disjoint MC samples, and a perfect generator: the simulator again, at the first
+    sample's conditions, with other random numbers."""
+    def sample(seed, energy=None, theta=None, n=160):
+        rng = np.random.default_rng(seed)
+        energy = rng.uniform(100, 200, n) if energy is None else energy
+        theta = rng.uniform(math.radians(60), math.radians(120), n) if theta is None else theta
+        return physics.features(showers(energy, theta, (51, 51, 25), rng), energy, theta)
+
+    first, second = sample(1), sample(2)
+    perfect = sample(3, first["energy"], first["condition_angle"])
+    return first, second, perfect
+
+
+def test_a_sample_against_itself_scores_zero_beside_a_positive_floor(halves):
+    first, second, _ = halves
+    got, _ = physics.with_floor(physics.score(first, first), first, second)
+    assert got["score"] == 0 and got["score_ratio"] == 0
+    assert got["score_floor"] > 0.01 and got["floor_events"] == len(first["energy"])
+    # the reference's angle term compares the conditioning angle with the measured one
+    assert got["reference_filled_moments"] == 0 and got["reference_filled_profiles"] == 0
+    assert got["reference_metric_filled_floor"] > got["reference_metric_filled"]
+
+
+def test_a_perfect_generator_scores_near_the_floor_a_wrong_one_far_above(halves):
+    first, second, perfect = halves
+    got, _ = physics.with_floor(physics.score(first, perfect), first, second)
+    assert 0.6 < got["score_ratio"] < 1.5, got
+    assert 0.6 < got["reference_metric_filled_ratio"] < 1.5, got
+    # the conditions' angle ignored: the showers of the second sample, paired by order
+    wrong, _ = physics.with_floor(physics.score(first, second), first, second)
+    assert wrong["score_ratio"] > 3, wrong
+
+
+def test_halves_are_disjoint_and_of_one_size():
+    first, second = physics.halves(np.arange(11), 4)
+    assert list(first) == [0, 1, 2, 3] and list(second) == [4, 5, 6, 7]
+    first, second = physics.halves(np.arange(7), 100)
+    assert list(first) == [0, 1, 2] and list(second) == [3, 4, 5]
+
+
+def test_filled_metric_equals_the_exact_one_when_no_cell_is_empty(samples):
+    energy, theta, mc, gan = samples  # every cell has some energy on average
+    got = physics.score(physics.features(mc, energy, theta), physics.features(gan, energy, theta))
+    assert got["reference_filled_skipped_cells"] == 0
+    assert got["reference_metric_filled"] == pytest.approx(got["reference_metric"], rel=1e-12)
+    assert got["reference_metric"] > 0.01
+    mc = mc.copy()
+    mc[:, 0] = 0.0  # an x slice with no MC energy: exact is infinite, filled leaves it out
+    got = physics.score(physics.features(mc, energy, theta), physics.features(gan, energy, theta))
+    assert got["reference_metric"] == math.inf
+    assert math.isfinite(got["reference_metric_filled"])
+    assert got["reference_filled_skipped_cells"] == 4  # one x cell in each of the 4 bins
+
+
+def test_validate_generated_second_mc_sample_scores_near_the_floor(showers_dir, tmp_path):
+    """Another MC sample at the MC's own conditions (a perfect generator) through
+    validate --generated: score ratio about 1."""
+    other = tmp_path / "perfect"
+    other.mkdir()
+    for i, path in enumerate(sorted(showers_dir.glob("*.h5"))):
+        with h5py.File(path) as src, h5py.File(other / path.name, "w") as dst:
+            for key in src:
+                dst[key] = src[key][:]
+            gev = showers(src["energy"][:].astype(np.float64), src["theta"][:].astype(np.float64),
+                          (51, 51, 25), np.random.default_rng(100 + i))
+            dst["ECAL"][...] = (gev * 50.0).astype(np.float32)
+    proc = mpirun(2, ["-m", "mpilearn.validate", "--generated", f"{other}/*.h5", "--mc",
+                      f"{showers_dir}/*.h5", "--events", "80", "--json", str(tmp_path / "r.json"),
+                      "--output", str(tmp_path / "v")])
+    assert proc.returncode == 0, proc.stderr
+    result = json.load(open(tmp_path / "r.json"))
+    assert result["events"] == 80 and result["floor_events"] == 80
+    assert 0.5 < result["score_ratio"] < 1.6, result
+    assert math.isfinite(result["reference_metric_filled"])
+    assert "MC-vs-MC floor" in proc.stdout
+    # the folder is there now: refused (nothing read), unless --overwrite
+    again = ["-m", "mpilearn.validate", "--generated", f"{other}/*.h5", "--mc",
+             f"{showers_dir}/*.h5", "--events", "20", "--no-plots", "--output", str(tmp_path / "v")]
+    proc = mpirun(2, again)
+    assert proc.returncode == 2 and proc.stderr.count(f"--output {tmp_path / 'v'} exists") == 1
+    assert (tmp_path / "v" / "profiles.png").exists()
+    proc = mpirun(1, again + ["--overwrite"])
+    assert proc.returncode == 0, proc.stderr
+    assert json.load(open(tmp_path / "v" / "validation.json"))["events"] == 20
+    assert not (tmp_path / "v" / "profiles.png").exists()  # replaced, not mixed

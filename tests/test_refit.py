@@ -39,10 +39,14 @@ def test_refit_of_the_best_trial_writes_a_model_and_a_test_score(toy_files, toy_
     used = yaml.safe_load(open(out / "config.yaml"))  # a normal run directory's config
     params = Journal(str(sweep / "journal.jsonl")).replay().started[best]["params"]
     assert used["hparams"]["lr"] == params["lr"] and "search" not in used
-    assert used["data"]["val_fraction"] == 0 and used["data"]["test_files"] == [toy_file]
-    assert used["train"]["early_stopping"]["patience"] == 0  # nothing validated to watch
+    # a validation share held out: the best epoch is chosen on events it did not train on
+    assert used["data"]["val_fraction"] == 0.1 and used["data"]["test_files"] == [toy_file]
+    assert used["train"]["early_stopping"]["patience"] == 2
+    assert "held out: the best epoch is chosen on them" in proc.stdout
     epoch = [r for r in map(json.loads, open(out / "metrics.jsonl")) if "time" in r]
-    assert epoch[-1]["step"] == 1024 // (16 * 2)  # every training event, no fold held out
+    held_out = round(1024 * 0.1)
+    assert epoch[-1]["step"] == (1024 - held_out) // (16 * 2)  # no fold held out, 10 % kept
+    assert epoch[-1]["val_events"] == held_out and (out / "checkpoints" / "best.pt").exists()
     assert os.path.exists(out / "models" / "model.pt")
     test = json.load(open(out / "test.json"))
     assert test["test_events"] == 1024 and math.isfinite(test["test_loss"])
@@ -55,3 +59,9 @@ def test_refit_of_the_best_trial_writes_a_model_and_a_test_score(toy_files, toy_
     assert f"refit: {out} (trial " in report.stdout and "test_loss" in report.stdout
     summary = json.load(open(sweep / "report" / "best.json"))
     assert summary["refit"]["test"]["test_loss"] == test["test_loss"]
+    # nothing held out on request: the last epoch is the model, and the refit says so
+    last = mpirun(2, ["-m", "mpilearn.refit", str(sweep), "--no-progress", "--output",
+                      str(tmp_path / "all"), "--set", "data.val_fraction=0"], timeout=300)
+    assert last.returncode == 0, last.stderr
+    assert last.stdout.count("nothing held out (data.val_fraction 0)") == 1
+    assert not (tmp_path / "all" / "checkpoints" / "best.pt").exists()

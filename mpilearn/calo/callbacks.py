@@ -9,13 +9,15 @@ from .physics import validate_task
 
 # the physics validation's three numbers, logged under their own names (their terms and the
 # per-bin values as physics_*)
-HEADLINE_PHYSICS = ("score", "reference_metric", "sampling_fraction_mre")
+HEADLINE_PHYSICS = ("score", "score_floor", "score_ratio", "reference_metric",
+                    "reference_metric_filled", "sampling_fraction_mre")
 
 
 class PhysicsValidation(Callback):
     """Generated against held-out showers every ``train.validate_every`` epochs (GAN tasks):
-    the project's score, the reference metric and the sampling-fraction MRE, their terms, and
-    plots in ``RUN/validation/epochNNNN``."""
+    the project's score beside its MC-vs-MC floor and their ratio, the reference metric (exact,
+    and over the cells the MC fills) and the sampling-fraction MRE, their terms, and plots in
+    ``RUN/validation/epochNNNN``."""
 
     name = "physics"
     headline = HEADLINE_PHYSICS
@@ -36,7 +38,9 @@ class PhysicsValidation(Callback):
     def metric_names(cls, task, config):
         terms = ["moments", "profiles"] + (["angle"] if getattr(task, "variant", "") == "angle" else [])
         return ({*HEADLINE_PHYSICS, "physics_sampling_fraction_mre_error"}
-                | {f"physics_{p}{t}" for p in ("", "reference_") for t in terms})
+                | {f"physics_{p}{t}" for p in ("", "reference_", "reference_filled_") for t in terms}
+                | {f"physics_{n}_{s}" for n in ("reference_metric_filled", "sampling_fraction_mre")
+                   for s in ("floor", "ratio")})
 
     @classmethod
     def metric_modes(cls, task, config):
@@ -60,3 +64,19 @@ class PhysicsValidation(Callback):
         record.update({k if k in HEADLINE_PHYSICS else f"physics_{k}": v
                        for k, v in result.items() if not isinstance(v, (list, dict))})
         return False
+
+
+class TrainingRanges(Callback):
+    """Records the training files' energy and angle ranges in ``RUN/training_ranges.json``
+    (rank 0, when training starts): what ``generate`` checks conditions against and ``export``
+    writes beside the model."""
+
+    name = "training_ranges"
+
+    @classmethod
+    def for_trainer(cls, trainer):
+        if trainer.ctx.rank == 0:
+            from . import ranges
+
+            ranges.write(trainer.task, trainer.train_files.paths, trainer.output)
+        return cls()

@@ -13,6 +13,11 @@ GeV. Inputs and output (see ``runs.ShowerModel`` and README "Fast simulation"):
     energy     float32 (N,)     primary energy / 100 GeV
     angle      float32 (N,)     polar angle in rad (angle model only)
     cells_gev  float32 (N, 51, 51, 25) cell energies in GeV (fixed model: (N, 25, 25, 25))
+
+What the model is valid for goes with it: the run's training ranges (``RUN/training_ranges.json``),
+the units, the angle definition, the epoch, the run and the mpilearn version, as the ONNX
+file's ``metadata_props`` (every value a string; nested ones as JSON) and as
+``generator.json`` beside it.
 """
 from __future__ import annotations
 
@@ -71,6 +76,42 @@ def export_onnx(model, path: str) -> None:
     os.replace(tmp, path)
 
 
+def metadata(run: str, checkpoint: str, epoch: str, variant: str) -> dict:
+    """What the exported model is valid for (see the module doc)."""
+    from .. import __version__
+    from . import ranges
+
+    trained = ranges.read(run) or {}
+    out = {"mpilearn_version": __version__, "run": os.path.abspath(run),
+           "checkpoint": os.path.abspath(checkpoint), "epoch": epoch, "variant": variant,
+           "inputs": ", ".join(NAMES[variant]), "output": "cells_gev",
+           "units": {"noise": "standard normal", "energy": "primary energy / 100 GeV",
+                     "angle": "rad", "cells_gev": "GeV per cell"},
+           "energy_range_gev": trained.get("energy_gev"),
+           "training_ranges": trained or "not recorded (a run trained before mpilearn recorded them)"}
+    if variant == "angle":
+        out.update(angle_range_deg=trained.get("angle_deg"),
+                   angle_definition=ranges.ANGLE_DEFINITION)
+    return out
+
+
+def write_metadata(onnx_path: str, json_path: str, meta: dict) -> None:
+    """``meta`` into the ONNX file's ``metadata_props`` and into ``json_path``."""
+    import json
+
+    import onnx
+
+    from ..core.io import atomic_write_text
+
+    model = onnx.load(onnx_path)
+    props = {k: v if isinstance(v, str) else json.dumps(v) for k, v in meta.items()}
+    onnx.helper.set_model_props(model, props)
+    tmp = onnx_path + ".tmp.onnx"
+    onnx.save(model, tmp)
+    os.replace(tmp, onnx_path)
+    atomic_write_text(json_path, json.dumps(meta, indent=1))
+
+
 def check_onnx(path: str, model, batches=(1, 7)) -> float:
     """Runs ``path`` in ONNX Runtime (CPU) on the inputs PyTorch gets; returns the largest
     |ONNX - PyTorch| over each shower's largest cell, over every shower of ``batches``."""
@@ -112,7 +153,7 @@ def main(argv=None) -> int:
         config = run_config(checkpoint, args.config)
         run = os.path.dirname(os.path.dirname(checkpoint))
         output = args.output or os.path.join(run, "export")
-        paths = {kind: os.path.join(output, f"generator.{kind}") for kind in ("onnx", "pt2")}
+        paths = {kind: os.path.join(output, f"generator.{kind}") for kind in ("onnx", "pt2", "json")}
         there = [path for path in paths.values() if os.path.exists(path)]
         if there and not args.overwrite:
             raise UsageError(f"{there[0]} exists (give --overwrite to replace it)")
@@ -123,9 +164,11 @@ def main(argv=None) -> int:
         os.makedirs(output, exist_ok=True)
         export_program(model, paths["pt2"])
         export_onnx(model, paths["onnx"])
+        write_metadata(paths["onnx"], paths["json"], metadata(run, checkpoint, epoch, task.variant))
     except Exception as err:  # UsageError: status 2; anything else: its traceback
         return exit_status(err)
-    print(f"exported {checkpoint} ({epoch}): {paths['onnx']}, {paths['pt2']}")
+    print(f"exported {checkpoint} ({epoch}): {paths['onnx']}, {paths['pt2']}, and what it is "
+          f"valid for in {paths['json']}")
     if args.check:
         worst = check_onnx(paths["onnx"], model)
         print(f"ONNX Runtime vs PyTorch at batch 1 and 7: max |difference| = {worst:.2e} of the "

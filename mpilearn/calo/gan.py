@@ -100,10 +100,25 @@ class GANProtocol:
         return self.preprocess(batch)
 
     def callbacks(self, config: dict) -> tuple:
-        """Physics validation every ``train.validate_every`` epochs (0: none)."""
-        from .callbacks import PhysicsValidation
+        """The training ranges' record, and physics validation every ``train.validate_every``
+        epochs (0: none)."""
+        from .callbacks import PhysicsValidation, TrainingRanges
 
-        return (PhysicsValidation,) if config["train"]["validate_every"] else ()
+        return (TrainingRanges,) + ((PhysicsValidation,) if config["train"]["validate_every"] else ())
+
+    def test_metrics(self, files, comm, output: str, config: dict) -> dict:
+        """Collective: the physics numbers on the test files (``train.physics_events`` compared,
+        as many again for the MC-vs-MC floor), plots in ``RUN/validation/test``."""
+        import os
+
+        from .physics import validate_task
+
+        result = validate_task(self, files, np.arange(len(files)), comm,
+                               os.path.join(output, "validation", "test"),
+                               config["train"]["physics_events"], title="test files")
+        # "events" would clash with the validation pass's count of test events
+        return {("physics_events" if k == "events" else k): v for k, v in result.items()
+                if not isinstance(v, (list, dict))}
 
     def check_files(self, files) -> None:
         """Rank 0, before training: shapes, energy key and finite cells in each file."""

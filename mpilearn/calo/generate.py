@@ -19,6 +19,11 @@ degrees). The output holds ``ECAL`` (GeV x 50 for the angle model, GeV for the f
 Reproducible whatever the rank count: event i's noise (and drawn conditions) depend only on
 (--seed, i), and events go in batches of fixed global ranges, batch k to rank k mod ranks;
 rank 0 gathers the batches in order and writes one file.
+
+Conditions outside the run's training ranges (``RUN/training_ranges.json``, recorded when
+training started; ``mpilearn.calo.ranges``) are refused with exit 2 naming the range, and an
+angle that looks like radians is named as such; ``--extrapolate`` generates there with one
+warning.
 """
 from __future__ import annotations
 
@@ -34,6 +39,7 @@ import numpy as np
 from ..core.comm import check_on_root
 from ..errors import UsageError, exit_status
 from ..cluster.launcher import RankZeroArgumentParser
+from . import ranges
 
 # .format and .runs import torch: they are imported where used, so that --help stays quick
 
@@ -137,7 +143,13 @@ def prepare(args):
     from ..core.builders import load_builder
 
     load_builder(config["model"])
-    return SimpleNamespace(checkpoint=checkpoint, config=config, energy=energy, angle=angle)
+    run = os.path.dirname(os.path.dirname(checkpoint))
+    trained = ranges.read(run)
+    if args.conditions is None:  # the values asked for (a range's ends)
+        ranges.check(trained, energy[0], angle[0] if args.angle_given else None,
+                     args.extrapolate, f"run {run}")
+    return SimpleNamespace(checkpoint=checkpoint, config=config, energy=energy, angle=angle,
+                           ranges=trained, run=run)
 
 
 def plan_conditions(args, plan, task):
@@ -150,7 +162,10 @@ def plan_conditions(args, plan, task):
     if args.angle_given and task.variant != "angle":
         raise UsageError("--angle: the fixed-angle (25x25x25) model takes no angle")
     if args.conditions:
-        return read_conditions(args.conditions, angle_key, args.events)
+        energy, angle = read_conditions(args.conditions, angle_key, args.events)
+        ranges.check(plan.ranges, energy, None if angle is None else np.degrees(angle),
+                     args.extrapolate, f"--conditions {args.conditions}: run {plan.run}")
+        return energy, angle
     return None
 
 
@@ -239,6 +254,8 @@ def main(argv=None) -> int:
                    help="degrees: a value, a list, or LOW HIGH (default 60 120)")
     p.add_argument("--angle-dist", choices=("list", "uniform"))
     p.add_argument("--conditions", help="HDF5 or CSV file of the events' energies and angles")
+    p.add_argument("--extrapolate", action="store_true", help="generate outside the run's "
+                   "training ranges (RUN/training_ranges.json) with one warning, not exit 2")
     p.add_argument("--seed", type=int, default=0, help="noise and drawn conditions (default 0)")
     p.add_argument("--batch-size", type=int, default=100)
     p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")

@@ -12,6 +12,11 @@ rank 0, which scores and plots. The score follows §4d's training metric, lower 
                this content-weighted form keeps two MC samples near 0)
     angle    = mean over events of |θ_MC,meas - θ_GAN,meas| / θ_MC,meas   (angle model only)
 
+Each headline number has its MC-vs-MC floor beside it (``FLOORED``): the same metric between
+two disjoint MC halves of the same size, paired by their conditions (``pair_by_conditions``),
+as ``<name>_floor``, and ``<name>_ratio`` = number / floor, where 1 is as good as the MC itself.
+The generator is scored on the first half, so both numbers come from samples of one size.
+
 Beside it, ``mpilearn.calo.reference`` computes the reference analysis's own metric and
 sampling-fraction MRE on the reference's event selection, exactly as its code does.
 """
@@ -28,6 +33,8 @@ from .reference import (HIT_THRESHOLD, SPARSITY_EXPONENTS, SPECTRUM_BINS, index_
                         reference_metric, sampling_fraction_mre)
 
 ENERGY_BINS = 4
+# the numbers reported beside their MC-vs-MC floor
+FLOORED = ("score", "reference_metric_filled", "sampling_fraction_mre")
 
 
 def features(images_gev: np.ndarray, energy_gev: np.ndarray, condition_angle=None,
@@ -120,6 +127,67 @@ def score(mc: Dict[str, np.ndarray], gan: Dict[str, np.ndarray], with_angle: boo
     return out
 
 
+def halves(events: np.ndarray, max_events: int):
+    """Two disjoint halves of the same size, at most ``max_events`` each: the generator is
+    scored on the first, the floor is the first against the second (none for one event)."""
+    events = np.asarray(events)
+    n = min(max_events, len(events) // 2)
+    if n == 0:
+        return events[:max_events], events[:0]
+    return events[:n], events[n:2 * n]
+
+
+def pair_by_conditions(a: Dict[str, np.ndarray], b: Dict[str, np.ndarray]):
+    """Two MC samples cut to one size, reordered so that event i of each has nearly the same
+    (E, θ), and ``b`` moved to ``a``'s conditions to first order; the pairs keep ``a``'s event
+    order (the reference's bin "0" takes the first events).
+
+    Pairing: both sorted by energy into ENERGY_BINS blocks, by angle within a block. Two
+    independent samples still differ by a few degrees pair by pair, which the per-event angle
+    terms would count, so ``b``'s measured angle is shifted by the difference in conditioning
+    angle, and its energies (profiles, sum) scaled by the ratio of primary energies."""
+    n = min(len(a["energy"]), len(b["energy"]))
+
+    def order(s):
+        by_energy = np.argsort(s["energy"], kind="stable")
+        by_energy = by_energy[np.linspace(0, len(by_energy) - 1, n).round().astype(int)]
+        angle = s.get("condition_angle", np.zeros(len(s["energy"])))[by_energy]
+        block = np.arange(n) * ENERGY_BINS // n
+        return by_energy[np.lexsort((angle, block))]
+
+    oa, ob = order(a), order(b)
+    keep = np.argsort(a["index"][oa], kind="stable")
+    first = {k: v[oa[keep]] for k, v in a.items()}
+    second = {k: v[ob[keep]] for k, v in b.items()}
+    scale = first["energy"] / second["energy"]
+    for key in ("sum", "profile_x", "profile_y", "profile_z"):
+        second[key] = second[key] * scale.reshape(-1, *[1] * (second[key].ndim - 1))
+    second["energy"] = first["energy"]
+    if "condition_angle" in first and "condition_angle" in second:
+        second["angle"] = second["angle"] + first["condition_angle"] - second["condition_angle"]
+        second["condition_angle"] = first["condition_angle"]
+    return first, second
+
+
+def with_floor(result: dict, mc: Dict[str, np.ndarray], mc_other: Dict[str, np.ndarray],
+               with_angle: bool = True):
+    """``result`` (``score(mc, gan)``) with each ``FLOORED`` number's ``_floor`` (``mc``
+    against the disjoint ``mc_other``) and ``_ratio``; returns (result, the second half's
+    features paired with ``mc``, or None)."""
+    if not mc_other or not len(mc_other.get("energy", ())):
+        result.update({f"{k}_{s}": None for k in FLOORED for s in ("floor", "ratio")})
+        return result, None
+    first, second = pair_by_conditions(mc, mc_other)
+    floor = score(first, second, with_angle)
+    for name in FLOORED:
+        value, base = result.get(name), floor.get(name)
+        result[f"{name}_floor"] = base
+        ok = value is not None and base is not None and np.isfinite(base) and base > 0
+        result[f"{name}_ratio"] = float(value / base) if ok else None
+    result["floor_events"] = floor["events"]
+    return result, second
+
+
 def _rows(batch: dict, index: np.ndarray) -> dict:
     """The events of a preprocessed batch whose ``_index`` is in ``index``."""
     keep = np.isin(batch["_index"], index)
@@ -146,15 +214,18 @@ def validate_task(task, files, events: np.ndarray, comm, folder: Optional[str],
                   title: str = "") -> dict:
     """Collective: one shower per MC event with the same (E, θ), scored against the MC.
 
-    The showers come from ``task.generate``, or, with ``generated`` (files in the MC's
+    ``events`` are split into two disjoint halves of at most ``max_events`` each
+    (``halves``): showers are made for the first and scored against it, and the first
+    against the second is the MC-vs-MC floor (``with_floor``). The showers come from ``task.generate``, or, with ``generated`` (files in the MC's
     format), are read from there: event i of ``generated`` pairs with MC event i and carries
     its own conditioning. Each rank handles a share of ``events``; rank 0 gathers the
     observables, scores, writes ``validation.json`` and the plots (titled ``title``) into
     ``folder``. Every rank returns the result dict.
     """
-    chosen = np.asarray(events)[:max_events]
-    mine = chosen[comm.Get_rank()::comm.Get_size()]
-    mc_parts, gan_parts = [], []
+    chosen, other = halves(events, max_events)
+    rank, size = comm.Get_rank(), comm.Get_size()
+    mine = chosen[rank::size]
+    mc_parts, gan_parts, other_parts = [], [], []
     for start in range(0, len(mine), 64):
         index = mine[start:start + 64]
         raw = {**files.read(index), "_index": index}
@@ -171,6 +242,13 @@ def validate_task(task, files, events: np.ndarray, comm, folder: Optional[str],
             fake_gev = _cells_gev(task, fake_raw, both)
         mc_parts.append(_observe(task, batch, _cells_gev(task, raw, batch["_index"])))
         gan_parts.append(_observe(task, fake_batch, fake_gev))
+    mine = other[rank::size]  # the floor's second MC half: observables only
+    for start in range(0, len(mine), 64):
+        index = mine[start:start + 64]
+        raw = {**files.read(index), "_index": index}
+        batch = task.preprocess(raw)
+        other_parts.append(_observe(task, batch, _cells_gev(task, raw, batch["_index"])))
+    other_all = comm.gather(concat(other_parts), root=0)
     mc_all = comm.gather(concat(mc_parts), root=0)
     gan_all = comm.gather(concat(gan_parts), root=0)
     result = None
@@ -179,14 +257,17 @@ def validate_task(task, files, events: np.ndarray, comm, folder: Optional[str],
         if not mc:
             result = {"score": None, "events": 0}
         else:
-            result = score(mc, gan, with_angle=task.variant == "angle")
+            with_angle = task.variant == "angle"
+            result, mc_other = with_floor(score(mc, gan, with_angle), mc, concat(other_all),
+                                          with_angle)
             if folder:
                 os.makedirs(folder, exist_ok=True)
                 if plots:
                     from .plots import plot
 
                     result["plots"] = plot(mc, gan, folder, title=title,
-                                           label="GAN" if generated is None else "generated")
+                                           label="GAN" if generated is None else "generated",
+                                           floor=mc_other)
                 from ..core.io import atomic_write_text
 
                 atomic_write_text(os.path.join(folder, "validation.json"),

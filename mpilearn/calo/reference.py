@@ -20,6 +20,12 @@ sampling_fraction_mre  ``SelectEpoch.py``'s "mre": over the bins (110, 150, 190)
     GeV samples) or (100, 200, 300, 400) GeV, the mean of |<SF>_MC - <SF>_GAN| / <SF>_MC, with
     its error bar sqrt(mean over bins of var(SF_GAN)/N + (std(SF_MC)/<SF>_GAN)²/N).
 
+reference_metric_filled  the same, finite wherever the sample allows: each profile term is the
+    mean over the cells the MC fills in that bin (``reference_filled_skipped_cells`` counts the
+    cells left out, summed over bins and axes), and the bin-mean moments and the angle term skip
+    generated showers with no energy (``reference_filled_skipped_events``). Where no cell is
+    empty and no shower is empty it equals ``reference_metric``.
+
 Two changes, both only where the reference produces NaN: a bin with no MC event is left out
 (the averages run over the bins kept), and a profile cell empty in both samples counts 0.
 ``reference_empty_mc_cells`` counts the cells that make the profile term infinite (small
@@ -82,7 +88,8 @@ def reference_metric(mc: Dict[str, np.ndarray], gan: Dict[str, np.ndarray],
                          "conditioning angle (features(..., condition_angle=...))")
     energies = METRIC_ENERGIES[energy_set(mc["energy"])]
     terms: Dict[str, List[float]] = {"moments": [], "profiles": [], "angle": []}
-    used, empty_cells = [], 0
+    filled: Dict[str, List[float]] = {"moments": [], "profiles": [], "angle": []}
+    used, empty_cells, empty_both = [], 0, 0
     with np.errstate(divide="ignore", invalid="ignore"):
         for center in energies:
             sel = select(mc["energy"], center)
@@ -93,21 +100,38 @@ def reference_metric(mc: Dict[str, np.ndarray], gan: Dict[str, np.ndarray],
             fake = gan["index_moments"][sel][:, :, :MOMENTS].mean(0)
             per_moment = np.abs((act - fake) / act).sum(0) / 3      # mean over axes
             terms["moments"].append(2 * per_moment.sum() / MOMENTS)  # the block runs twice
-            prof = []
+            # filled: the bin means over the showers with energy (an empty one has no moments)
+            act_f = np.nanmean(mc["index_moments"][sel][:, :, :MOMENTS], 0)
+            fake_f = np.nanmean(gan["index_moments"][sel][:, :, :MOMENTS], 0)
+            filled["moments"].append(2 * (np.abs((act_f - fake_f) / act_f).sum(0) / 3).sum() / MOMENTS)
+            prof, prof_f = [], []
             for ax in "xyz":
                 a, b = mc[f"profile_{ax}"][sel].mean(0), gan[f"profile_{ax}"][sel].mean(0)
                 rel = np.where((a == 0) & (b == 0), 0.0, np.abs((a - b) / a))
                 empty_cells += int(((a == 0) & (b != 0)).sum())
+                empty_both += int(((a == 0) & (b == 0)).sum())
                 prof.append(rel.sum() / len(a))
+                # filled: the mean over the cells the MC fills
+                prof_f.append(rel[a > 0].mean() if (a > 0).any() else np.nan)
             terms["profiles"].append(sum(prof) / 3)
+            filled["profiles"].append(sum(prof_f) / 3)
             if with_angle:
                 theta = mc["condition_angle"][sel]
-                terms["angle"].append(np.mean(np.abs((theta - gan["angle"][sel]) / theta)))
+                rel = np.abs((theta - gan["angle"][sel]) / theta)
+                terms["angle"].append(np.mean(rel))
+                filled["angle"].append(np.nanmean(rel) if np.isfinite(rel).any() else np.nan)
     out = {f"reference_{k}": float(np.mean(v)) for k, v in terms.items() if v}
     out["reference_metric"] = float(sum(out.values())) if out else float("nan")
+    parts = {f"reference_filled_{k}": float(np.mean(v)) for k, v in filled.items() if v}
+    out.update(parts)
+    out["reference_metric_filled"] = float(sum(parts.values())) if parts else float("nan")
     out["reference_bins"] = used
     out["reference_empty_mc_cells"] = empty_cells  # each makes the profile term infinite
     out["reference_empty_gan_events"] = int((gan["sum"] == 0).sum())  # each: NaN moments
+    # what the filled variant leaves out: the cells the MC leaves empty in a bin (these, and
+    # the ones empty in both), and the generated showers with no energy
+    out["reference_filled_skipped_cells"] = empty_cells + empty_both
+    out["reference_filled_skipped_events"] = out["reference_empty_gan_events"]
     return out
 
 

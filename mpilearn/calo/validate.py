@@ -47,7 +47,18 @@ def prepare(args):
         config = run_config(checkpoint, args.config)
         load_builder(config["model"])
     generated = expand_files(args.generated) if args.generated else None
+    output = output_folder(args, checkpoint)
+    if os.path.isfile(output):
+        raise UsageError(f"--output {output} is a file, not a folder")
+    if os.path.exists(output) and not args.overwrite:
+        raise UsageError(f"--output {output} exists (give --overwrite to replace it)")
     return checkpoint, config, expand_files(args.mc), generated
+
+
+def output_folder(args, checkpoint) -> str:
+    """--output, or RUN/validation/final with a checkpoint, or ./validation."""
+    run = os.path.dirname(os.path.dirname(checkpoint)) if checkpoint else None
+    return args.output or (os.path.join(run, "validation", "final") if run else "validation")
 
 
 def _shower_format(paths, angle_key: str):
@@ -103,9 +114,12 @@ def main(argv=None) -> int:
     p.add_argument("--config", help="the run's config.yaml (default: next to checkpoints/)")
     p.add_argument("--angle-key", default="mtheta", help="the angle dataset of files read "
                    "without a checkpoint (default mtheta)")
-    p.add_argument("--events", type=int, default=2000, help="MC events to compare (default 2000)")
+    p.add_argument("--events", type=int, default=2000, help="MC events to compare (default "
+                   "2000); as many again, disjoint, give the MC-vs-MC floor (with fewer MC "
+                   "events, the two halves of what there is)")
     p.add_argument("--output", default=None, help="folder for validation.json and plots "
                    "(default: RUN/validation/final, or ./validation without a checkpoint)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --output folder")
     p.add_argument("--json", help="also write the results to this JSON file")
     p.add_argument("--no-plots", action="store_true")
     args = p.parse_args(argv)
@@ -125,9 +139,26 @@ def main(argv=None) -> int:
         mc = _share(ctx.comm, mc)
         generated = _share(ctx.comm, generated) if gen_paths else None
         run = os.path.dirname(os.path.dirname(checkpoint)) if checkpoint else None
-        output = args.output or (os.path.join(run, "validation", "final") if run else "validation")
+        output = output_folder(args, checkpoint)
+        if ctx.rank == 0 and args.overwrite and os.path.isdir(output):
+            import glob
+
+            # asked for: the earlier validation's own files go (no stale plot stays beside the
+            # new ones), nothing else the folder holds
+            for old in glob.glob(os.path.join(output, "*.png")) + [
+                    os.path.join(output, "validation.json")]:
+                if os.path.isfile(old):
+                    os.remove(old)
         n = min(len(mc), len(generated)) if generated is not None else len(mc)
-        events = np.sort(np.random.default_rng(0).permutation(n)[:args.events])
+        # the compared events, then the floor's disjoint second half
+        picked = np.random.default_rng(0).permutation(len(mc))
+        if generated is not None:  # the compared events must have a generated shower
+            first = np.sort(picked[picked < n][:min(args.events, n // 2 or 1)])
+            rest = np.sort(np.setdiff1d(picked, first)[:len(first)])
+            events = np.concatenate([first, rest])
+        else:
+            events = np.concatenate([np.sort(h) for h in np.array_split(
+                picked[:2 * args.events], 2)])
         title = " ".join(filter(None, [
             f"run {os.path.basename(os.path.abspath(run))}" if run else None,
             epoch,
@@ -155,9 +186,18 @@ def summary(result: dict) -> str:
 
     if not result.get("events"):
         return "no MC event passed the selection"
-    return (f"score {result['score']:.4f} ({terms('')}); reference_metric "
-            f"{result['reference_metric']:.4f} ({terms('reference_')}); sampling_fraction_mre "
-            f"{result['sampling_fraction_mre']:.4f} ± {result['sampling_fraction_mre_error']:.4f} "
+    def floor(name):
+        if result.get(f"{name}_floor") is None:
+            return ""
+        ratio = result.get(f"{name}_ratio")
+        return (f" [MC-vs-MC floor {result[name + '_floor']:.4f}, ratio "
+                + (f"{ratio:.2f}]" if ratio is not None else "n/a]"))
+
+    return (f"score {result['score']:.4f}{floor('score')} ({terms('')}); reference_metric "
+            f"{result['reference_metric']:.4f} ({terms('reference_')}), over the cells the MC "
+            f"fills {result['reference_metric_filled']:.4f}{floor('reference_metric_filled')}; "
+            f"sampling_fraction_mre {result['sampling_fraction_mre']:.4f} ± "
+            f"{result['sampling_fraction_mre_error']:.4f}{floor('sampling_fraction_mre')} "
             f"on {result['events']} events")
 
 

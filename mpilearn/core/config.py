@@ -43,7 +43,8 @@ SCHEMA: Dict[str, Any] = {
         "precision": "fp32",          # fp32 | bf16 (autocast: bf16 matmuls/convs, fp32 weights)
         "compile": "off",             # off | default | reduce-overhead | max-autotune | ... (torch.compile)
         "channels_last": "auto",      # auto (on CUDA) | true | false: 3-D convs channels-last
-        "lr_scaling": "none",        # none | linear (lr x ranks)
+        "lr_scaling": "none",        # none | linear | sqrt: lr x (global batch / base_batch)[^1/2]
+        "base_batch": 0,             # global batch the lrs were tuned for; 0 = batch_size (per rank)
         "warmup_epochs": 0.0,        # linear warm-up to the scaled lr
         "early_stopping": {
             "monitor": "val_loss",
@@ -75,7 +76,7 @@ CHOICES = {
     "search.pruner": ("none", "median", "asha", "hyperband"),
     "train.backend": ("mpi", "torch", "horovod"),
     "train.algorithm": ("allreduce", "local_sgd", "downpour", "easgd"),
-    "train.lr_scaling": ("none", "linear"),
+    "train.lr_scaling": ("none", "linear", "sqrt"),
     "train.precision": ("fp32", "bf16"),
     "train.compile": ("off", "default", "reduce-overhead", "max-autotune",
                       "max-autotune-no-cudagraphs"),
@@ -238,6 +239,9 @@ def resolve(path: Optional[str], sets: Iterable[str] = (), base: Optional[dict] 
     for key in ("epochs", "batch_size", "sync_every"):
         if t[key] < 1:
             raise UsageError(f"'train.{key}' must be at least 1, got {t[key]}")
+    if t["base_batch"] < 0 or t["warmup_epochs"] < 0:
+        key = "base_batch" if t["base_batch"] < 0 else "warmup_epochs"
+        raise UsageError(f"'train.{key}' must be at least 0, got {t[key]}")
     if not 0 <= t["seed"] < 2 ** 32:  # numpy's seed range; torch would accept, numpy not
         raise UsageError(f"'train.seed' must be in [0, 2**32), got {t['seed']}")
     if not 0 < t["elastic_force"] <= 1:

@@ -3,9 +3,16 @@
     mpirun -np N python -m mpilearn.refit runs/hpo [--trial KEY] [--output DIR] [--set K=V]
 
 Trains the best trial's configuration (best by the sweep's objective; ``--trial KEY`` picks
-another, and is needed when the sweep had several objectives) on all its training data, no
-fold held out, as a normal data-parallel run on every rank; then scores the sweep's test files
-(``search.test_files``) once with the validation pass. The output (default ``RUN/refit``) is
+another, and is needed when the sweep had several objectives) on its training data, no fold
+held out, as a normal data-parallel run on every rank; then scores the sweep's test files
+(``search.test_files``) once with the validation pass (and a GAN's physics numbers).
+
+It never selects or scores on events it trained on: a validation share (the sweep's
+``data.val_files``, else ``data.val_fraction``, else ``HOLDOUT``) is held out for the best
+epoch (``checkpoints/best.pt``, what generate and export take), early stopping and the
+periodic physics validation. With ``--set data.val_fraction=0`` (and no val_files) it trains
+on everything and keeps the last epoch, and says so: the best checkpoint, early stopping on a
+``val_`` metric and the physics validation are turned off. The output (default ``RUN/refit``) is
 a normal training run directory: ``config.yaml`` (the training config used), ``metrics.jsonl``,
 ``checkpoints/``, ``models/``, ``test.json``; ``RUN/refit.json`` points the sweep's report
 (``python -m mpilearn.report RUN``) at it.
@@ -22,6 +29,7 @@ from ..errors import UsageError
 from ..cluster.launcher import RankZeroArgumentParser
 
 POINTER = "refit.json"
+HOLDOUT = 0.1  # the validation share held out where the sweep's config has none
 
 
 def choose_trial(run_dir: str, trial: Optional[str] = None) -> tuple:
@@ -62,24 +70,35 @@ def choose_trial(run_dir: str, trial: Optional[str] = None) -> tuple:
 
 
 def training_config(sweep: dict, params: dict, output: str) -> dict:
-    """The sweep's training keys with the trial's point applied, all data for training (early
-    stopping and the best checkpoint on a ``val_`` metric off), the sweep's test files."""
+    """The sweep's training keys with the trial's point applied, a validation share held out
+    (see the module doc), the sweep's test files."""
     from .space import apply
 
     config = {k: v for k, v in sweep.items() if k != "search"}
     config["hparams"] = apply(sweep.get("hparams") or {}, params)
     test = (sweep.get("search") or {}).get("test_files") or []
-    config["data"] = {**sweep.get("data", {}), "val_files": [], "val_fraction": 0.0,
-                      "test_files": test}
+    data = {**sweep.get("data", {}), "test_files": test}
+    if not data.get("val_files") and not data.get("val_fraction"):
+        data["val_fraction"] = HOLDOUT
+    config["data"] = data
     config["output"] = output
-    # nothing is held out, so nothing is validated: what watches a val_ metric is turned off
-    train = config.setdefault("train", {})
-    es, best = train.get("early_stopping") or {}, train.get("best") or {}
-    if es.get("patience") and str(es.get("monitor", "val_loss")).startswith("val_"):
-        train["early_stopping"] = {**es, "patience": 0}
-    if str(best.get("monitor", "")).startswith("val_"):
-        train["best"] = {**best, "monitor": "none"}
     return config
+
+
+def without_holdout(config: dict) -> list:
+    """Where nothing is held out: what would select or score on training events is turned
+    off in ``config``; returns the lines saying so."""
+    if config["data"]["val_files"] or config["data"]["val_fraction"]:
+        return []
+    train = config["train"]
+    es, best = train["early_stopping"], train["best"]
+    if es["patience"] and str(es["monitor"]).startswith("val_"):
+        es["patience"] = 0
+    best["monitor"] = "none"
+    train["validate_every"] = 0
+    return ["mpilearn: refit: nothing held out (data.val_fraction 0): trained on every event, "
+            "the last epoch is the model (no best-epoch choice, early stopping on val_ metrics "
+            "and physics validation off); the test files score it"]
 
 
 def main(argv=None) -> int:
@@ -113,7 +132,15 @@ def main(argv=None) -> int:
             scores = ", ".join(f"{m} {v:.5g}" for m, v in zip(trial["metric"], trial["values"]))
             print(f"mpilearn: refit of trial {trial['trial']} ({trial['key']}; cross-validated "
                   f"{scores}): {trial['params']}", flush=True)
-        return resolve(None, args.set, base=training_config(sweep, trial["params"], output))
+        resolved = resolve(None, args.set, base=training_config(sweep, trial["params"], output))
+        for line in without_holdout(resolved):
+            if ctx.rank == 0:
+                print(line, flush=True)
+        if ctx.rank == 0 and not resolved["data"]["val_files"] and resolved["data"]["val_fraction"]:
+            print(f"mpilearn: refit: {resolved['data']['val_fraction']:g} of the training events "
+                  "held out: the best epoch is chosen on them, not on events it trained on",
+                  flush=True)
+        return resolved
 
     def record(ctx, last):
         if ctx.rank == 0:

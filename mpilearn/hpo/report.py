@@ -178,7 +178,8 @@ def main(argv=None) -> int:
                "origins": dict(Counter(r["origin"] or "requeued" for r in rows)),
                "refit": refit(args.run_dir), "cost": costs}
     atomic_write_text(os.path.join(out, "best.json"), json.dumps(summary, indent=2))
-    plots(out, rows, done, names, space, directions, signs, front, spans, util, weights, events)
+    plots(out, rows, done, names, space, directions, signs, front, spans, util, weights, events,
+          objective_labels(args.run_dir, directions))
     if best:
         print(f"best {best['value']:.6g} +- {best['std']:.2g}: {best['params']} "
               f"(trial {best['trial']})")
@@ -208,14 +209,33 @@ def _price(args) -> float | None:
     return None
 
 
-def plots(out, rows, done, names, space, directions, signs, front, spans, util, weights, events):
+def objective_labels(run_dir: str, directions) -> list:
+    """Each objective's axis label: its metric (or function) and mode, and the direction."""
+    from ..core.config import load_file
+
+    path = os.path.join(run_dir, "config.yaml")
+    obj = ((load_file(path).get("search") or {}).get("objective") or {}
+           if os.path.exists(path) else {})
+    if obj.get("function"):
+        metrics = [f"{obj['function']}()"] * len(directions)
+    else:
+        metric = obj.get("metric") or "val_loss"
+        metrics = metric if isinstance(metric, list) else [metric] * len(directions)
+        mode = obj.get("mode", "final")
+        metrics = [f"{m}, {mode} epoch" for m in metrics]
+    return [f"{m} ({d})" for m, d in zip(metrics, directions)]
+
+
+def plots(out, rows, done, names, space, directions, signs, front, spans, util, weights, events,
+          labels=None):
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
-    label = f"objective ({directions[0]})"
+    labels = labels or [f"objective ({d})" for d in directions]
+    label = labels[0]
 
     def save(fig, name):
         fig.tight_layout()
@@ -249,11 +269,14 @@ def plots(out, rows, done, names, space, directions, signs, front, spans, util, 
         else:
             ax.scatter(xs, ys, s=14)
             if spec is not None and spec.log:
+                from matplotlib.ticker import NullFormatter
+
                 ax.set_xscale("log")
+                ax.xaxis.set_minor_formatter(NullFormatter())  # labelled minor ticks overlap
             if spec is not None and spec.type == "int":
                 ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set(xlabel=name, ylabel=label)
-    fig.suptitle("objective vs each parameter")
+    fig.suptitle(f"objective {label} vs each parameter")
     save(fig, "parameters.png")
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
@@ -290,7 +313,7 @@ def plots(out, rows, done, names, space, directions, signs, front, spans, util, 
         pts = sorted((r["values"][0], r["values"][1]) for r in front)
         ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", color="tab:red",
                 label="Pareto front")
-        ax.set(xlabel=f"objective 0 ({directions[0]})", ylabel=f"objective 1 ({directions[1]})")
+        ax.set(xlabel=labels[0], ylabel=labels[1])
         ax.legend()
         save(fig, "pareto.png")
 

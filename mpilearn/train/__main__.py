@@ -32,7 +32,8 @@ config keys (YAML; --set uses dotted names):
   train.precision            fp32 | bf16 (autocast; PyTorch models)
   train.compile              off | default | reduce-overhead | max-autotune[-no-cudagraphs]
   train.channels_last        auto (on for CUDA) | true | false
-  train.lr_scaling           none | linear        train.warmup_epochs  0
+  train.lr_scaling           none | linear | sqrt: lr x (global batch / train.base_batch)[^1/2]
+  train.base_batch           0 (= batch_size: linear is lr x ranks)   train.warmup_epochs  0
   train.early_stopping.{monitor,patience,min_delta,mode}   val_loss, 0 (off), 0, inferred
   train.best.{monitor,mode}  auto (physics: sampling_fraction_mre, else val_loss) | none | a
                              metric; mode min | max, inferred for the project's own metrics

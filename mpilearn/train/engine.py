@@ -26,7 +26,7 @@ from ..data.hdf5 import ShardedLoader
 from ..errors import TrainingStopped, UsageError
 from ..core.io import append_jsonl, read_jsonl
 from . import checkpoint as ckpt
-from . import best, loggers, stops
+from . import best, loggers, lr_rules, stops
 from .callbacks import BestCheckpoint, EarlyStopping, EpochLog, task_callbacks
 from .checks import clear_run_dir, remove_stale_temp
 from .evaluation import evaluate, test_pass
@@ -94,7 +94,7 @@ class Trainer:
         # position and running state
         self.epoch, self.step_in_epoch, self.global_step = 0, 0, 0
         self.acc = self._empty_acc()
-        self.lr = None
+        self.lr, self.lrs = None, {}
         if plan.checkpoint:
             self._restore(*plan.checkpoint)
         # the run's identity, written once every check passed (a refused --resume --force
@@ -131,16 +131,21 @@ class Trainer:
 
     # -- learning rate -------------------------------------------------------------------
     def _set_lr(self) -> float:
-        t = self.config["train"]
-        factor = 1.0
-        if t["lr_scaling"] == "linear":
-            warm = t["warmup_epochs"] * self.steps_per_epoch
-            ramp = 1.0 if warm <= 0 else min(1.0, (self.global_step + 1) / warm)
-            factor = 1.0 + (self.ctx.size - 1) * ramp
-        lrs = {k: [base * factor for base in bases] for k, bases in self.base_lrs.items()}
+        """Every optimizer's rates for the next step (``lr_rules``); returns the first."""
+        f = lr_rules.from_config(self.config["train"], self.ctx.size, self.steps_per_epoch,
+                                 self.global_step)
+        lrs = {k: [base * f for base in bases] for k, bases in self.base_lrs.items()}
         self.task.set_learning_rates(lrs)
-        self.lr = next(iter(lrs.values()))[0]
+        self.lrs = {k: v[0] for k, v in lrs.items()}
+        self.lr = next(iter(self.lrs.values()))
         return self.lr
+
+    def _lr_fields(self) -> dict:
+        """``lr`` (the first optimizer's), and ``lr_<optimizer>`` each where they differ."""
+        out = {"lr": self.lr}
+        if self.lr is not None and len(set(self.lrs.values())) > 1:
+            out.update({f"lr_{k}": v for k, v in self.lrs.items()})
+        return out
 
     # -- checkpoints -------------------------------------------------------------------
     @staticmethod
@@ -257,7 +262,7 @@ class Trainer:
             best.keep_if_improved(self.task, self.output, self._save(), self.callbacks)
         if self.test_files is not None:
             last["test"] = test_pass(self.task, self.test_files, self.config["train"]["batch_size"],
-                                     self.ctx.comm, self.output, self.epoch)
+                                     self.ctx.comm, self.output, self.epoch, self.config)
         if self.ctx.rank == 0:
             # torch models as .pt and .safetensors, Keras ones as .keras
             self.task.export(os.path.join(self.output, "models"))
@@ -366,7 +371,7 @@ class Trainer:
         wall = round(acc["seconds"] + time.perf_counter() - began, 3)
         split = {k: round(acc[k], 4) for k in ("compute", "allreduce", "data", "seconds")}
         per_rank = comm.gather(split, root=0)
-        record = {"epoch": self.epoch + 1, "step": self.global_step, "lr": self.lr,
+        record = {"epoch": self.epoch + 1, "step": self.global_step, **self._lr_fields(),
                   **{f"train_{k}": v for k, v in train.items()}, **val,
                   "samples_per_s": acc["samples"] / acc["seconds"] if acc["seconds"] else None,
                   "time": split, "time_per_rank": per_rank, "ranks": self.ctx.size,

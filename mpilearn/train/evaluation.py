@@ -40,15 +40,20 @@ def evaluate(task, source, events, batch_size: int, comm, cap: int = 0) -> dict:
             "val_events": int(total[-1])}
 
 
-def test_pass(task, files, batch_size: int, comm, output: str, epoch: int) -> dict:
+def test_pass(task, files, batch_size: int, comm, output: str, epoch: int,
+              config: dict = None) -> dict:
     """Collective, once after the last epoch: ``data.test_files`` through the validation pass
-    (every event), appended to ``metrics.jsonl`` as ``{"test": ...}`` and written to
+    (every event), and the task's own test metrics (``task.test_metrics``, e.g. the GAN's
+    physics numbers), appended to ``metrics.jsonl`` as ``{"test": ...}`` and written to
     ``test.json`` by rank 0."""
     from ..core.io import append_jsonl, atomic_write_text
 
     scores = evaluate(task, files, np.arange(len(files)), batch_size, comm)
     result = {"epoch": epoch, "files": list(files.paths),
               **{"test_" + k[len("val_"):]: v for k, v in scores.items()}}
+    own = getattr(task, "test_metrics", None)
+    if own is not None and config is not None:
+        result.update({f"test_{k}": v for k, v in own(files, comm, output, config).items()})
     if comm.Get_rank() == 0:
         append_jsonl(os.path.join(output, "metrics.jsonl"), {"test": result})
         atomic_write_text(os.path.join(output, "test.json"), json.dumps(result, indent=1))
