@@ -45,12 +45,22 @@ demo: $(STAMP)
 	@echo
 	@echo "Results: runs/demo (config.yaml, metrics.jsonl, checkpoints/, validation/, models/)"
 
-# Two pytest-xdist workers: most tests wait on launches, sleeps and SLURM, so two keep both
-# cores busy; --dist loadgroup keeps each xdist_group (the SLURM tests) on one worker.
+# Two pytest-xdist workers: most tests wait on launches and sleeps, so two keep both
+# cores busy (the cluster tests run beside them, see test:).
 # The 40 slowest tests are listed at the end, to see where the time goes.
-PYTEST_XDIST ?= -n 2 --dist loadgroup
+PYTEST_XDIST ?= -n 2
+# The cluster tests (marker cluster: SLURM, two nodes, MPIJob pods; mostly waiting) run in one
+# process of their own beside the xdist workers: two workers would each start a cluster with
+# the same names. Their output follows the rest's; the status fails if either part fails.
+CLUSTER_LOG := .test-clusters.log
 test: $(STAMP) $(HVD_STAMP) $(MPICH_STAMP) slurm-packages
-	$(BIN)/python -m pytest -q $(PYTEST_XDIST) --durations=40 tests
+	@$(BIN)/python -m pytest -q -p no:cacheprovider -m cluster --durations=15 tests \
+	  > $(CLUSTER_LOG) 2>&1 & clusters=$$!; \
+	$(BIN)/python -m pytest -q $(PYTEST_XDIST) -m "not cluster" --durations=40 tests; rest=$$?; \
+	wait $$clusters; status=$$?; \
+	echo "== the cluster tests (pytest -m cluster), run beside the rest in a process of their own =="; \
+	cat $(CLUSTER_LOG); \
+	[ $$rest -eq 0 ] && [ $$status -eq 0 ]
 
 # The loop before a commit (a few minutes): every test that starts no process (marker unit,
 # set in tests/conftest.py) and the np=2 smoke runs of train, optimize and generate (marker

@@ -140,9 +140,11 @@ def _starts_processes(obj, seen) -> bool:
                if isinstance(obj.__globals__.get(n), (types.FunctionType, type)))
 
 
-# fixtures whose tests must not overlap one another under pytest-xdist (each worker would
-# start its own cluster; the two-node one has fixed namespace names): one worker runs a group
-SERIAL_GROUPS = {"slurm": "slurm", "nodes": "two-nodes"}
+# tests of a cluster started by a fixture (SLURM's one-node and two-node clusters, the MPIJob
+# pods): two xdist workers would each start one with the same names, ports and job ids, so
+# they carry the marker ``cluster`` and `make test` runs them in a process of their own, beside
+# the xdist workers (pytest-xdist 3.8's loadgroup did not keep an xdist_group on one worker here)
+CLUSTER_FIXTURES = ("slurm", "nodes", "pods")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -152,9 +154,5 @@ def pytest_collection_modifyitems(config, items):
         seen = set()
         if not any(_starts_processes(f, seen) for f in funcs):
             item.add_marker(pytest.mark.unit)
-        for name, group in SERIAL_GROUPS.items():
-            if name in fixtures:
-                item.add_marker(pytest.mark.xdist_group(group))
-    # a group runs on one worker, one test after the other, mostly waiting on SLURM: started
-    # first, it overlaps the rest instead of ending the run alone
-    items.sort(key=lambda item: item.get_closest_marker("xdist_group") is None)
+        if any(name in fixtures for name in CLUSTER_FIXTURES):
+            item.add_marker(pytest.mark.cluster)

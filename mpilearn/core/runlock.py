@@ -117,8 +117,9 @@ def why_gone(holder: dict, age: float, me: dict) -> Optional[str]:
 class RunLock:
     """The lock on one path, held by this process (rank 0) until :meth:`release`."""
 
-    def __init__(self, path: str, target: str):
+    def __init__(self, path: str, target: str, made_folder: bool = False):
         self.path, self.target, self.me = path, target, identity()
+        self.made_folder = made_folder  # the run directory did not exist before the lock
         self._stop = threading.Event()
         self._thread = None
 
@@ -199,6 +200,11 @@ class RunLock:
                 os.unlink(self.path)
             except FileNotFoundError:
                 pass
+            if self.made_folder:  # a run that wrote nothing (bad input) leaves no folder
+                try:
+                    os.rmdir(os.path.dirname(self.path))
+                except OSError:  # not empty: the run wrote there
+                    pass
 
 
 def hold(comm, path: str, force: bool = False, single_file: bool = False) -> Optional[RunLock]:
@@ -211,12 +217,14 @@ def hold(comm, path: str, force: bool = False, single_file: bool = False) -> Opt
     from .comm import check_on_root
 
     def take():
+        made = False
         if single_file:
             lock_path = f"{path}.lock"
         else:
+            made = not os.path.exists(path)
             os.makedirs(path, exist_ok=True)
             lock_path = os.path.join(path, NAME)
-        lock = RunLock(lock_path, path)
+        lock = RunLock(lock_path, path, made_folder=made)
         for note in lock.acquire(force):
             print(note, flush=True)
         atexit.register(lock.release)
