@@ -128,6 +128,11 @@ def launcher_script(kind: str, kube: dict, per_worker: int) -> str:
         "trap 'kill -USR1 $pid 2>/dev/null' TERM",
         'wait "$pid"; rc=$?',
         'while [ $rc -gt 128 ] && kill -0 "$pid" 2>/dev/null; do wait "$pid"; rc=$?; done',
+        *([] if kind != "train" else [
+            # Open MPI 5's mpirun was seen to exit 0 after losing a worker's daemon (a deleted
+            # pod): a training run that ended without its final models did not finish
+            'if [ $rc -eq 0 ] && ! ls "$OUTPUT/models" 2>/dev/null | grep -qE "[.](pt|keras)$"; '
+            'then rc=1; fi']),
         # mpilearn said why for 2 (bad input) and 75 (stopped, state saved); a lost worker
         # pod or a crash ends mpirun with its own report: say what happens next, once
         'case $rc in 0|2|75) ;; *) echo "mpilearn: mpirun ended with status $rc (a worker pod '
