@@ -56,7 +56,26 @@ def kill9_after_mid_epoch_checkpoint(np_, args, out, env=None, epoch=1):
         raise AssertionError("no mid-epoch checkpoint appeared")
     os.killpg(job.pid, signal.SIGKILL)
     job.wait()
+    wait_until_gone(out)
     return name
+
+
+def wait_until_gone(out, timeout=30):
+    """Until no process names ``out`` on its command line: the ranks outlive a killed mpirun a
+    moment, and a resume before they are gone meets their live run-directory lock."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        alive = False
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    alive = alive or str(out).encode() in f.read()
+            except OSError:  # gone meanwhile
+                pass
+        if not alive:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"processes writing {out} still run {timeout} s after kill -9")
 
 
 def train_args(*extra):

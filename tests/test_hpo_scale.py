@@ -56,7 +56,7 @@ def test_kill9_of_a_sweep_at_scale_then_resume(tmp_path):
     job = subprocess.Popen(mpirun_cmd(2, simulate_args(out, evals=4)), cwd=REPO, env=ENV,
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                            start_new_session=True)
-    deadline = time.monotonic() + 90
+    deadline = time.monotonic() + 300  # a wait, not a speed check: CI runs tests side by side
     while time.monotonic() < deadline:
         if os.path.exists(path) and sum(e["event"] == "done" for e in read_jsonl(path)) >= 100:
             break
