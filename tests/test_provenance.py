@@ -14,15 +14,6 @@ HEADER = re.compile(r"copyright\s*(\(c\)|©|\d{4})|all rights reserved|spdx-lice
 OURS = re.compile(r"mpilearn", re.IGNORECASE)
 
 
-# Data, not code, that another project's licence requires to travel with its notice: each
-# entry says what it is and why it is here (no code of another project is ever listed)
-THIRD_PARTY_DATA = {
-    "tests/data/mpijob-v2beta1-v0.8.2.schema.yaml":
-        "the Kubeflow MPI Operator's MPIJob CRD schema (Apache-2.0), which tests/test_kubernetes.py "
-        "validates rendered manifests against",
-}
-
-
 def foreign_header_lines(text: str) -> list:
     return [line.strip() for line in text.splitlines()
             if HEADER.search(line) and not OURS.search(line)]
@@ -48,7 +39,7 @@ def test_no_file_carries_another_projects_copyright_header():
     assert len(files) > 100  # the listing worked
     found = {}
     for name in files:
-        if name == "tests/test_provenance.py" or name in THIRD_PARTY_DATA:  # examples; data
+        if name == "tests/test_provenance.py":  # its examples above
             continue
         try:
             with open(f"{REPO}/{name}", "rb") as f:
@@ -62,11 +53,3 @@ def test_no_file_carries_another_projects_copyright_header():
             found[name] = lines[:3]
     assert not found, found
 
-
-def test_third_party_data_is_data_and_says_where_it_comes_from():
-    """An exemption above is a data file (no code), and it names its source and licence."""
-    for name in THIRD_PARTY_DATA:
-        assert not name.endswith((".py", ".sh", ".c", ".cc", ".go")), name
-        with open(f"{REPO}/{name}") as f:
-            head = f.read(2000)
-        assert "Licensed under the Apache License" in head and "https://" in head, name
