@@ -159,3 +159,22 @@ def test_staging_keeps_same_named_files_apart_and_the_reader_opens_the_copies(tm
     assert [files._file(i).filename for i in (0, 1)] == copies
     monkeypatch.setenv(ENV, str(tmp_path / "elsewhere"))  # not staged here: the source
     assert local(sources[0]) == sources[0]
+
+
+@pytest.mark.parametrize("launcher_ends", ["during the trap", "after the trap"])
+def test_the_scripts_read_the_launchers_own_status_after_a_trapped_signal(launcher_ends):
+    """A signal to the batch shell interrupts `wait` (143) and is passed on; the launcher
+    then saves its state and exits 75. Whether it ends while the trap runs (the race CI met:
+    the job read 143, was not requeued) or after, the script must read 75."""
+    from mpilearn.cluster.shell import WAIT_FOR_LAUNCHER
+
+    pause = "sleep 0.5" if launcher_ends == "during the trap" else ":"
+    script = "\n".join([
+        "( trap 'exit 75' USR1; sleep 10 & wait ) &",
+        "pid=$!",
+        f"trap 'kill -USR1 $pid; {pause}' TERM",
+        "( sleep 0.3; kill -TERM $$ ) &",
+        *WAIT_FOR_LAUNCHER,
+        'echo "rc=$rc"'])
+    out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=30)
+    assert out.stdout.strip() == "rc=75", out

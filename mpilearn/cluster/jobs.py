@@ -34,6 +34,7 @@ import shlex
 import sys
 
 from ..errors import UsageError
+from .shell import ENTRY, WAIT_FOR_LAUNCHER
 from ..hpo.layout import sweep_tasks, sweep_width
 
 # the site profile: key -> default (the default's type is the type the key accepts)
@@ -59,7 +60,6 @@ SITE = {
     # kubernetes: {...}        the MPIJob's settings (--target kubernetes): cluster/kubernetes.py
 }
 
-ENTRY = {"train": "mpilearn.train", "hpo": "mpilearn.optimize"}
 # where a stopped job's state is, as the batch script names it
 SAVED = {"train": '"$OUTPUT/checkpoints/$(cat "$OUTPUT/checkpoints/latest" 2>/dev/null)"',
          "hpo": '"$OUTPUT/journal.jsonl (and each interrupted fold\'s checkpoints)"'}
@@ -197,8 +197,7 @@ def render(kind: str, config_path: str, output: str, config: dict, site: dict) -
         "pid=$!",
         "# SLURM signals the batch shell (B:USR1) before the time limit: pass it to every rank",
         "trap 'kill -USR1 $pid 2>/dev/null' USR1 TERM",
-        'wait "$pid"; rc=$?',
-        'while [ $rc -gt 128 ] && kill -0 "$pid" 2>/dev/null; do wait "$pid"; rc=$?; done',
+        *WAIT_FOR_LAUNCHER,
         'rm -f "$HOSTFILE"',
         "# 75: stopped with its state saved. Only a job that still runs requeues itself (the",
         "# time-limit warning, or a signal sent by hand without cancelling); a cancelled job",

@@ -19,6 +19,7 @@ import copy
 import yaml
 
 from ..errors import UsageError
+from .shell import ENTRY, WAIT_FOR_LAUNCHER
 
 # the site profile's kubernetes: section: key -> default (the default's type is the key's)
 SITE = {
@@ -44,7 +45,6 @@ SITE = {
     "sshd_config": "/home/mpiuser/.sshd_config",   # written by the image (install.sh)
 }
 IMPLEMENTATIONS = ("OpenMPI", "MPICH", "Intel")
-ENTRY = {"train": "mpilearn.train", "hpo": "mpilearn.optimize"}
 CONFIG_DIR = "/etc/mpilearn"   # the ConfigMap's mount (the operator's own is /etc/mpi)
 
 
@@ -126,8 +126,7 @@ def launcher_script(kind: str, kube: dict, per_worker: int) -> str:
         '--resume auto --no-progress "$@" &',
         "pid=$!",
         "trap 'kill -USR1 $pid 2>/dev/null' TERM",
-        'wait "$pid"; rc=$?',
-        'while [ $rc -gt 128 ] && kill -0 "$pid" 2>/dev/null; do wait "$pid"; rc=$?; done',
+        *WAIT_FOR_LAUNCHER,
         *([] if kind != "train" else [
             # Open MPI 5's mpirun was seen to exit 0 after losing a worker's daemon (a deleted
             # pod): a training run that ended without its final models did not finish

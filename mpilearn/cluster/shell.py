@@ -1,0 +1,16 @@
+"""Shell lines that the SLURM and the MPIJob launcher scripts share."""
+
+ENTRY = {"train": "mpilearn.train", "hpo": "mpilearn.optimize"}
+
+# A signal caught by the script's trap ends `wait` early with 128+n while the launcher still
+# runs: wait again. When the launcher has ended meanwhile, one more `wait` returns its own
+# status (bash keeps it), not the interruption's 143: a job stopped with its state saved
+# (75) must never read as killed.
+WAIT_FOR_LAUNCHER = [
+    'wait "$pid"; rc=$?',
+    'while [ $rc -gt 128 ]; do',
+    '  kill -0 "$pid" 2>/dev/null; running=$?',
+    '  wait "$pid"; rc=$?',
+    '  [ $running -eq 0 ] || break',
+    'done',
+]
