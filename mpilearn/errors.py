@@ -46,12 +46,12 @@ def exit_status(err: BaseException, rank: int = 0) -> int:
     """The exit status for ``err``, after rank 0 printed its one line; an exception that is
     not one of mpilearn's is re-raised with its traceback (the job's abort handler ends every
     rank with it)."""
-    from .cluster.preempt import REQUEUE_EXIT, Preempted, StoppedBeforeStart
+    from .cluster.preempt import Preempted, StoppedBeforeStart, leave
 
     if isinstance(err, StoppedBeforeStart):  # (after a start, the Trainer says it, with the path)
         _say(rank, f"mpilearn: {err}")
     if isinstance(err, Preempted):
-        return REQUEUE_EXIT
+        return leave()
     if isinstance(err, TrainingStopped):
         _say(rank, f"mpilearn: training stopped: {err}")
         return STOPPED_EXIT

@@ -80,3 +80,30 @@ def test_ctrl_c_to_a_single_process_run_checkpoints(toy_file, tmp_path, whole):
     rc, output = signal_during_training(cmd, out, lambda job: job.send_signal(signal.SIGINT))
     assert rc == 75, output
     assert output.count(f"mpilearn: stopped by SIGINT; checkpoint {out}/checkpoints/ckpt-") == 1
+
+
+LEAVING = """
+import os, signal, sys
+from mpilearn.cluster import preempt
+preempt.install()
+os.kill(os.getpid(), signal.SIGTERM)    # the stop: recorded by the handler
+status = preempt.leave()
+# what Python does in its last steps: a handler it installed goes back to the default, an
+# ignored signal stays ignored (CPython's _PySignal_Fini)
+for sig in (signal.SIGTERM, signal.SIGUSR1):
+    if signal.getsignal(sig) not in (signal.SIG_IGN, signal.SIG_DFL):
+        signal.signal(sig, signal.SIG_DFL)
+os.kill(os.getpid(), signal.SIGTERM)    # the launcher's signal to a rank that is leaving
+os.kill(os.getpid(), signal.SIGUSR1)
+sys.exit(status)
+"""
+
+
+def test_a_rank_leaving_with_its_state_saved_is_not_killed_by_the_launchers_signal():
+    """CI saw srun kill a rank that was exiting 75 (its faster peers had exited 75, and
+    --kill-on-bad-exit signalled the step after Python had put the default handler back):
+    the job read as killed, not stopped. A rank that leaves with its state saved ignores
+    SIGTERM and SIGUSR1 from then on."""
+    proc = subprocess.run([sys.executable, "-c", LEAVING], env=ENV, cwd=REPO, timeout=60,
+                          capture_output=True, text=True)
+    assert proc.returncode == 75, (proc.returncode, proc.stderr)

@@ -59,6 +59,19 @@ def install() -> None:
             pass
 
 
+def leave() -> int:
+    """The status of a run stopped with its state saved, ignoring further SIGTERM and SIGUSR1
+    from here on. The run is leaving already; and once the first rank has exited 75, the
+    launcher signals the slower ones (``srun --kill-on-bad-exit``, ``mpirun``): a signal that
+    came after Python's last steps had put the default handler back killed a rank that was
+    exiting 75, and the job read as killed, not stopped. (SIGINT keeps its meaning: Ctrl-C
+    ends an exit that hangs.)"""
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGUSR1):
+            signal.signal(sig, signal.SIG_IGN)
+    return REQUEUE_EXIT
+
+
 def requested() -> Optional[int]:
     """The signal number received so far, or None."""
     return _received

@@ -352,7 +352,7 @@ def main(argv=None) -> int:
         print(f"mpilearn: stopped by {preempt.describe(stopped)}; checkpoint {journal} (each "
               "interrupted fold has its own); continue with --resume auto", flush=True)
     if stopped:
-        return preempt.REQUEUE_EXIT
+        return preempt.leave()
     failure = world.bcast(failure, root=0)  # every rank leaves with the status
     return exit_status(SweepFailed(failure), ctx.rank) if failure else 0
 
