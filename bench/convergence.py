@@ -53,16 +53,20 @@ PRESETS = {  # events, validation events, epochs, per-rank batch, physics events
 RULES = ("sqrt", "linear")
 
 
-def runs(rules, warmup: float) -> list:
-    """(name, ranks, seed, lr_scaling, warmup) of the np=1 and np=4 runs, in the order they run."""
-    out = [(f"np1-seed{s}", 1, s, "none", 0.0) for s in range(3)]
-    out += [(f"np4-{rule}", 4, 0, rule, warmup) for rule in rules]
-    return out + [("np4-naive", 4, 0, "none", 0.0)]
+SEEDS, MOST_SEEDS = 3, 6  # np=1 seeds that train to the end (a collapsed seed is replaced)
+
+
+def np4_runs(rules, warmup: float) -> list:
+    """(name, ranks, seed, lr_scaling, warmup) of the np=4 runs, in the order they run."""
+    return [(f"np4-{rule}", 4, 0, rule, warmup) for rule in rules] + \
+        [("np4-naive", 4, 0, "none", 0.0)]
 
 
 def best_rule(curves: dict, rules) -> str:
-    """The rule whose np=4 run ends closest to the MC (lowest final score ratio)."""
-    return min(rules, key=lambda rule: curves[f"np4-{rule}"][-1]["score_ratio"])
+    """The rule whose np=4 run ends closest to the MC (lowest final score ratio; a collapsed
+    run last)."""
+    return min(rules, key=lambda rule: curves[f"np4-{rule}"][-1]["score_ratio"]
+               if f"np4-{rule}" in curves else float("inf"))
 
 
 def simulate_data(folder: str, p: dict) -> tuple:
@@ -83,12 +87,20 @@ def epochs_of(out: str) -> list:
     return [r for r in map(json.loads, open(path)) if "time" in r]
 
 
-def train(name, ranks, seed, rule, warmup, p, files, val, args, folder) -> list:
+COLLAPSED = "collapsed.txt"  # in a run directory: the guard's message (a result, not a crash)
+
+
+def train(name, ranks, seed, rule, warmup, p, files, val, args, folder):
+    """The run's epoch records, or the message of the generator's empty-image guard when the
+    run collapsed (exit 3: the generator emitted only empty images; a GAN outcome to report)."""
     out = os.path.join(folder, "runs", name)
     done = epochs_of(out)
     if len(done) >= p["epochs"]:
         print(f"{name}: done earlier, read from {out}", flush=True)
         return done
+    if os.path.exists(os.path.join(out, COLLAPSED)):
+        print(f"{name}: collapsed earlier, read from {out}", flush=True)
+        return open(os.path.join(out, COLLAPSED)).read().strip()
     sets = {"model": os.path.join(REPO, "models", "gan3d.py"), "hparams.preset": p["preset"],
             "hparams.seed": seed, "train.seed": seed, "data.files": "[" + ",".join(files) + "]",
             "data.val_files": "[" + ",".join(val) + "]", "train.epochs": p["epochs"],
@@ -105,6 +117,13 @@ def train(name, ranks, seed, rule, warmup, p, files, val, args, folder) -> list:
            "TQDM_DISABLE": "1"}
     start = time.time()
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
+    guard = [line for line in (proc.stdout + proc.stderr).splitlines() if "emitted empty images" in line]
+    if proc.returncode == 3 and guard:
+        message = f"collapsed in epoch {len(epochs_of(out)) + 1}: {guard[0].split(': ', 1)[-1]}"
+        with open(os.path.join(out, COLLAPSED), "w") as f:
+            f.write(message + "\n")
+        print(f"{name}: {message}", flush=True)
+        return message
     if proc.returncode != 0:
         sys.stderr.write(proc.stdout[-3000:] + proc.stderr[-3000:])
         raise SystemExit(f"{name}: training failed (exit {proc.returncode})")
@@ -131,26 +150,28 @@ def time_to(points: list, threshold: float):
     return None
 
 
-def summarise(curves: dict, rule: str) -> dict:
+def summarise(curves: dict, collapsed: dict, rule: str) -> dict:
     import numpy as np
 
-    ones = [c for name, c in curves.items() if name.startswith("np1-")]
-    finals = [c[-1]["score_ratio"] for c in ones]
+    finals = [c[-1]["score_ratio"] for name, c in curves.items() if name.startswith("np1-")]
     threshold = max(finals)
     mean, spread = float(np.mean(finals)), (min(finals), max(finals))
+    band = max(spread[1] - mean, mean - spread[0], 0.1 * mean)
     rows = {}
     for name, c in curves.items():
         rows[name] = {"final_score_ratio": c[-1]["score_ratio"],
                       "final_sampling_fraction_mre": c[-1]["sampling_fraction_mre"],
                       "final_reference_metric_filled": c[-1]["reference_metric_filled"],
-                      "seconds": c[-1]["seconds"], "time_to_quality": time_to(c, threshold)}
-    np1_ttq = [rows[n]["time_to_quality"] for n in curves if n.startswith("np1-")]
-    chosen = rows[f"np4-{rule}"]["final_score_ratio"]
-    band = max(spread[1] - mean, mean - spread[0], 0.1 * mean)
-    return {"threshold": threshold, "np1_mean": mean, "np1_spread": spread, "rows": rows,
-            "np4_within_np1_spread": abs(chosen - mean) <= band,
-            "ttq_ratio_np2_over_np1": (rows[f"np2-{rule}"]["time_to_quality"] / float(np.mean(np1_ttq))
-                                       if rows[f"np2-{rule}"]["time_to_quality"] else None)}
+                      "seconds": c[-1]["seconds"], "time_to_quality": time_to(c, threshold),
+                      "within_np1_spread": abs(c[-1]["score_ratio"] - mean) <= band}
+    np1_ttq = float(np.mean([r["time_to_quality"] for n, r in rows.items() if n.startswith("np1-")]))
+    np2 = rows.get(f"np2-{rule}", {})
+    np4 = rows.get(f"np4-{rule}", {})
+    return {"threshold": threshold, "np1_mean": mean, "np1_spread": spread, "band": band,
+            "rows": rows, "collapsed": collapsed, "np1_time_to_quality": np1_ttq,
+            "np4_within_np1_spread": np4.get("within_np1_spread"),
+            "ttq_ratio_np2_over_np1": (np2["time_to_quality"] / np1_ttq
+                                       if np2.get("time_to_quality") else None)}
 
 
 def plot(curves: dict, threshold: float, out: str) -> list:
@@ -181,24 +202,30 @@ def plot(curves: dict, threshold: float, out: str) -> list:
 
 def markdown(s: dict, args, p: dict) -> list:
     def f(v, fmt=".3g"):
-        return "n/a" if v is None else ("not reached" if v is False else format(v, fmt))
+        return "n/a" if v is None else format(v, fmt)
 
     lines = [f"Convergence at equal events seen ({p['events']} training events × {p['epochs']} "
              f"epochs, batch {p['batch']} per rank, preset {p['preset']}, {args.device}; "
              f"warm-up {args.warmup} epochs, base_batch {p['batch']}; the np=2 run uses "
              f"{args.rule}, the rule whose np=4 run ended with the lowest score ratio). Threshold: "
              f"score ratio {s['threshold']:.3f}, the worst final np=1 score ratio.", "",
-             "| run | final score ratio | sampling_fraction_mre | reference_metric_filled | "
-             "train seconds | time to threshold (s) |", "|---|---|---|---|---|---|"]
+             "| run | final score ratio | within np=1 spread | sampling_fraction_mre | "
+             "reference_metric_filled | train seconds | time to threshold (s) |",
+             "|---|---|---|---|---|---|---|"]
     for name, r in s["rows"].items():
         ttq = r["time_to_quality"]
-        lines.append(f"| {name} | {f(r['final_score_ratio'])} | {f(r['final_sampling_fraction_mre'])} "
+        lines.append(f"| {name} | {f(r['final_score_ratio'])} | "
+                     f"{'yes' if r['within_np1_spread'] else 'no'} | "
+                     f"{f(r['final_sampling_fraction_mre'])} "
                      f"| {f(r['final_reference_metric_filled'])} | {r['seconds']:.1f} | "
                      f"{f(ttq, '.1f') if ttq is not None else 'not reached'} |")
+    for name, message in s["collapsed"].items():
+        lines.append(f"| {name} | {message} | | | | | |")
     lines += ["", f"np=1 final score ratio: mean {s['np1_mean']:.3f}, range "
-                  f"{s['np1_spread'][0]:.3f}-{s['np1_spread'][1]:.3f}; np=4 ({args.rule}) within "
-                  f"the np=1 spread (or 10 % of the mean): {s['np4_within_np1_spread']}; "
-                  f"time-to-quality np=2 / np=1 (mean): {f(s['ttq_ratio_np2_over_np1'])}"]
+                  f"{s['np1_spread'][0]:.3f}-{s['np1_spread'][1]:.3f} (band ±{s['band']:.3f}: the "
+                  f"spread or 10 % of the mean); np=4 ({args.rule}) within it: "
+                  f"{s['np4_within_np1_spread']}; time-to-quality np=2 / np=1 (mean "
+                  f"{s['np1_time_to_quality']:.1f} s): {f(s['ttq_ratio_np2_over_np1'])}"]
     return lines
 
 
@@ -220,17 +247,26 @@ def main():
     out = args.out or os.path.join(RESULTS, "convergence" + ("_quick" if args.quick else ""))
     os.makedirs(out, exist_ok=True)
     files, val = simulate_data(os.path.join(out, "runs", "data"), p)  # runs/: git-ignored
-    curves = {}
+    curves, collapsed = {}, {}
+
+    def run(name, ranks, seed, rule, warmup):
+        got = train(name, ranks, seed, rule, warmup, p, files, val, args, out)
+        if isinstance(got, str):
+            collapsed[name] = got
+        else:
+            curves[name] = curve(got, p["events"])
+
+    seed = 0
+    while sum(n.startswith("np1-") for n in curves) < SEEDS and seed < MOST_SEEDS:
+        run(f"np1-seed{seed}", 1, seed, "none", 0.0)
+        seed += 1
     rules = RULES if args.rule == "best" else (args.rule,)
-    for name, ranks, seed, rule, warmup in runs(rules, args.warmup):
-        curves[name] = curve(train(name, ranks, seed, rule, warmup, p, files, val, args, out),
-                             p["events"])
+    for spec in np4_runs(rules, args.warmup):
+        run(*spec)
     args.rule = best_rule(curves, rules)
     print(f"the best rule at np=4: {args.rule}", flush=True)
-    name = f"np2-{args.rule}"
-    curves[name] = curve(train(name, 2, 0, args.rule, args.warmup, p, files, val, args, out),
-                         p["events"])
-    s = summarise(curves, args.rule)
+    run(f"np2-{args.rule}", 2, 0, args.rule, args.warmup)
+    s = summarise(curves, collapsed, args.rule)
     plots = plot(curves, s["threshold"], out)
     write(out, {"config": {**p, **vars(args)}, "curves": curves, "summary": s, "plots": plots},
           markdown(s, args, p))
