@@ -34,8 +34,8 @@ import shlex
 import sys
 
 from ..errors import UsageError
-from .shell import ENTRY, WAIT_FOR_LAUNCHER
 from ..hpo.layout import sweep_tasks, sweep_width
+from .shell import ENTRY, WAIT_FOR_LAUNCHER
 
 # the site profile: key -> default (the default's type is the type the key accepts)
 SITE = {
