@@ -86,14 +86,14 @@ class MPIJobPods:
         subprocess.run(["bash", install, "sshd", self.path("etc-ssh"), self.path("home"),
                         str(PORT)], check=True, capture_output=True)
         home_ssh = self.path("home", ".ssh")
+        open(self.path("home", ".bashrc"), "w").close()
         for name in ("id_rsa", "id_rsa.pub", "authorized_keys"):
             shutil.copy(os.path.join(ssh, name), home_ssh)
         # the image has MPI and python on sshd's default PATH; here they are in the venv, and
         # the code under test is this checkout
         venv_bin = os.path.dirname(sys.executable)
-        with open(self.path("home", ".sshd_config"), "a") as f:
-            f.write(f"SetEnv PATH={venv_bin}:/usr/bin:/bin PYTHONPATH={REPO} "
-                    "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1\n")
+        self.session_env = (f"PATH={venv_bin}:/usr/bin:/bin PYTHONPATH={REPO} "
+                            "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1")
         os.makedirs("/run/sshd", exist_ok=True)  # sshd's privilege separation directory
         for i in range(len(self.workers)):
             self.start_worker(i)
@@ -103,20 +103,35 @@ class MPIJobPods:
              **kw) -> subprocess.Popen:
         """``command`` in pod ``index``'s namespaces, with its host name and /etc/hosts;
         ``pid``: in its own PID namespace too (its processes see only each other)."""
+        # the pod's shell start-up is the image's (none), not this machine's ~/.bashrc, which
+        # sshd's bash would read for every session (here: pyenv, whose rehash lock, left by a
+        # killed pod, held each ssh login for 60 s)
         script = ('mount --bind "$1" /etc/hosts && mount --bind "$2" /etc/ssh/ssh_config && '
-                  'mount --bind "$3" "$HOME/.ssh" && hostname "$4" && shift 4 && exec "$@"')
+                  'mount --bind "$3" "$HOME/.ssh" && hostname "$4" && '
+                  '{ [ ! -e "$HOME/.bashrc" ] || mount --bind "$5" "$HOME/.bashrc"; } && '
+                  'shift 5 && exec "$@"')
         os.makedirs(os.path.expanduser("~/.ssh"), exist_ok=True)
         # nsenter, not `ip netns exec`: that mounts a fresh /sys
         return subprocess.Popen(
             ["nsenter", f"--net=/run/netns/{PREFIX}{index}", "unshare", "--uts", "--mount",
              *(["--pid", "--fork", "--mount-proc"] if pid else []), "sh", "-c", script, "pod", self.path("hosts"), self.path("etc-ssh", "ssh_config"),
-             self.path("home", ".ssh"), hostname, *command], **kw)
+             self.path("home", ".ssh"), hostname, self.path("home", ".bashrc"), *command], **kw)
 
     def start_worker(self, i: int) -> None:
-        """The worker pod's container: the rendered worker command (sshd -De -f CONFIG)."""
+        """The worker pod's container: the rendered worker command (sshd -De -f CONFIG).
+        A (re)created pod starts with its own empty /tmp, as a container does: here the pods
+        share one file system, and their PID namespaces hand out the same PIDs, so Open MPI's
+        daemons would meet in one /tmp/prted.PID session directory (or find a deleted pod's)
+        and fail to start. TMPDIR stands in for the pod's own /tmp."""
         log = open(self.path(f"sshd-{i}.log"), "a")
-        command = [self.path("home", ".sshd_config") if a.endswith(".sshd_config") else a
-                   for a in self.worker_command]
+        tmp = self.path(f"tmp-{self.workers[i]}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        os.makedirs(tmp)
+        config = self.path("home", f".sshd_config-{i}")
+        shutil.copy(self.path("home", ".sshd_config"), config)
+        with open(config, "a") as f:
+            f.write(f"SetEnv {self.session_env} TMPDIR={tmp}\n")
+        command = [config if a.endswith(".sshd_config") else a for a in self.worker_command]
         self.sshd[i] = self._pod(i + 1, self.workers[i], command, pid=True,
                                  stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 20
