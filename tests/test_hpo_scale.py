@@ -109,3 +109,16 @@ def test_gp_batch_at_scale_comes_from_one_model_and_spreads():
         np.median([benchmarks.hartmann6(p) for p in told])  # better than what it knows
     again = searcher().ask_many(32, busy, {trial_key(p) for p in told + busy})
     assert [trial_key(p) for p, _ in again] == [trial_key(p) for p, _ in batch]
+
+
+def test_bad_searcher_options_end_both_ranks_with_exit_2_and_one_message(tmp_path):
+    """Rank 0 builds the searcher; rank 1 must not wait for it at a barrier (it hung)."""
+    for options, says in (('{"n_initail": 4}', "search.options.n_initail"),
+                          ("{n_initial: 4}", "--options is not JSON")):
+        args = [a if a != json.dumps({"n_initial": WORKERS}) else options
+                for a in simulate_args(tmp_path / "bad")]
+        proc = mpirun(2, args, timeout=60)
+        assert proc.returncode == 2, proc.stderr[-3000:]
+        assert proc.stderr.count(says) == 1, proc.stderr[-3000:]
+        assert "Traceback" not in proc.stderr
+        assert not (tmp_path / "bad" / "journal.jsonl").exists()

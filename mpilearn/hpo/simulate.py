@@ -127,6 +127,8 @@ def run(comm, make_searcher_fn, args) -> dict:
         raise UsageError("--workers and --evals-per-worker must be at least 1")
     if os.path.exists(journal) and not args.resume:
         raise UsageError(f"{journal} exists; pass --resume to continue it")
+    space = Space.from_config(benchmarks.space(args.problem))
+    searcher = make_searcher_fn(space, args.seed)  # bad --options: exit 2 here, on both ranks
     comm.Barrier()  # the checks passed on both ranks
     os.makedirs(args.out, exist_ok=True)
     if comm.Get_rank() == 1:
@@ -134,8 +136,7 @@ def run(comm, make_searcher_fn, args) -> dict:
         comm.send(play(comm, args.workers, args.problem, args.seed, args.median_s, args.sigma),
                   dest=0, tag=TAG_STATS)
         return None
-    space = Space.from_config(benchmarks.space(args.problem))
-    stats = coordinate(comm, make_searcher_fn(space, args.seed), journal, args.workers,
+    stats = coordinate(comm, searcher, journal, args.workers,
                        args.workers * args.evals_per_worker)
     stats.update(comm.recv(source=1, tag=TAG_STATS))
     stats.update({k: v for k, v in vars(args).items() if k != "options"})
@@ -163,13 +164,19 @@ def parser() -> argparse.ArgumentParser:
 def main(argv=None, make_searcher_fn=None) -> int:
     """``make_searcher_fn(space, seed)``: a searcher other than ours (a bench's peer)."""
     from ..core import comm as mcomm
-    from ..errors import exit_status
+    from ..errors import UsageError, exit_status
     from .searchers import make_searcher
 
     args = parser().parse_args(argv)
     world = mcomm.init().comm  # a crash on one rank ends the job with its traceback
     try:
-        options = json.loads(args.options)
+        try:
+            options = json.loads(args.options)
+        except json.JSONDecodeError as err:
+            raise UsageError(f"--options is not JSON ({err}): {args.options!r}") from None
+        if not isinstance(options, dict):
+            raise UsageError(f"--options must be a JSON object of search.options, not "
+                             f"{args.options!r}")
         run(world, make_searcher_fn or (lambda space, seed: make_searcher(
             args.searcher, space, seed, **options)), args)
     except Exception as err:  # bad input: exit 2 (rank 0 says why); others abort the job
