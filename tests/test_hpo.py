@@ -132,6 +132,23 @@ def test_kill9_mid_sweep_then_resume(tmp_path):
         assert sum(r["event"] == "started" and r["key"] == key for r in events) == 1
 
 
+def test_a_block_with_one_trial_more_than_the_other_finishes(toy_file, tmp_path):
+    """Budget 3 on 2 blocks: block 0 trains the third trial alone after block 1 has left.
+    Each trial's device choice was a collective over every worker on the node, so the lone
+    trial waited for ever for the block that had gone."""
+    cfg = {"model": f"{REPO}/models/mlp.py", "data": {"files": [toy_file]},
+           "train": {"epochs": 1, "batch_size": 32}, "output": str(tmp_path / "sweep"),
+           "search": {"searcher": "random", "budget": 3, "blocks": 2, "folds": 1,
+                      "objective": {"metric": "val_loss", "mode": "best"},
+                      "space": {"lr": {"type": "real", "low": 1e-3, "high": 0.1, "log": True}}}}
+    path = tmp_path / "hpo.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    proc = optimize(3, path, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    done = [r for r in read_jsonl(str(tmp_path / "sweep" / "journal.jsonl")) if r["event"] == "done"]
+    assert len(done) == 3
+
+
 def test_real_sweep_of_the_supervised_model(toy_file, tmp_path):
     cfg = {"model": f"{REPO}/models/mlp.py", "data": {"files": [toy_file]},
            "train": {"epochs": 2, "batch_size": 32, "log": ["jsonl", "tensorboard"]},

@@ -24,6 +24,7 @@ class Context:
     comm: Any
     local_comm: Any
     device: str = "cpu"
+    gpus_per_task: Optional[bool] = None  # gpus_are_per_task's answer, once asked
 
     @property
     def rank(self) -> int:
@@ -218,10 +219,17 @@ def cuda_device_count() -> int:
 
 def gpus_are_per_task(ctx: Context) -> bool:
     """True when the launcher gave every rank on this node its own GPU set
-    (``srun --gpus-per-task``/``--gpu-bind``): CUDA_VISIBLE_DEVICES differs between them."""
-    mine = os.environ.get("CUDA_VISIBLE_DEVICES")
-    sets = ctx.local_comm.allgather(mine)
-    return ctx.local_size > 1 and None not in sets and len(set(sets)) == len(sets)
+    (``srun --gpus-per-task``/``--gpu-bind``): CUDA_VISIBLE_DEVICES differs between them.
+
+    Collective on the node the first time only: a sweep's blocks share the node's
+    communicator but start their trials at different times, and a block with one trial more
+    than the others would wait for ever in a second allgather (the environment does not
+    change within a job, so the first answer holds)."""
+    if ctx.gpus_per_task is None:
+        sets = ctx.local_comm.allgather(os.environ.get("CUDA_VISIBLE_DEVICES"))
+        ctx.gpus_per_task = (ctx.local_size > 1 and None not in sets
+                             and len(set(sets)) == len(sets))
+    return ctx.gpus_per_task
 
 
 def shared_gpus_from_env() -> bool:

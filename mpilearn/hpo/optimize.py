@@ -194,6 +194,7 @@ def run_block(config: dict, role, world, info: dict) -> None:
         my_folds = list(range(s["folds"]))
     # device binding follows the node-local rank among all workers, not within a fold
     ctx = mcomm.Context(comm=fold_comm, local_comm=local)
+    mcomm.gpus_are_per_task(ctx)  # the one collective on the node, while every block is here
     result = None
     while True:
         trial = None
