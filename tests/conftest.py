@@ -166,7 +166,20 @@ def _starts_processes(obj, seen) -> bool:
 CLUSTER_FIXTURES = ("slurm", "nodes", "pods")
 
 
+# the longest single tests (tests/DURATIONS.md, 2 xdist workers): started first, so that
+# neither worker ends the run alone with one of them while the other core idles
+LONGEST_FIRST = ("test_the_readme_runnable_blocks_run_as_written",
+                 "test_kill9_of_a_sweep_at_scale_then_resume",
+                 "test_keras_3dgan_tapes_equal_the_fused_path_in_float64",
+                 "test_easgd_with_one_worker_resumes_at_the_epoch_boundary_exactly",
+                 "test_keras_runs_generate_alike_and_are_not_exported",
+                 "test_downpour_with_one_worker_equals_single_process_training",
+                 "test_gp_and_evolution_beat_random")
+
+
 def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.originalname, len(rank)))  # stable
     for item in items:
         fixtures = item._fixtureinfo.name2fixturedefs
         funcs = [item.function] + [defs[-1].func for defs in fixtures.values()]
