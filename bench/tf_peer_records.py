@@ -56,16 +56,19 @@ def write_records(path: str, events: dict, index=None) -> int:
     return len(index)
 
 
-def write_shards(train_h5, test_h5, folder: str, prefix: str = "Ele_VarAngleMeas_100_200") -> dict:
-    """Nine train shards and the test shard, named so that the peer's DivideFiles picks them up
-    (particle ``Ele``) and splits them as given. Returns the event counts and the glob."""
+def write_shards(train_h5, test_h5, folder: str, prefix: str = "Ele_VarAngleMeas_100_200",
+                 test_events=None) -> dict:
+    """Nine train shards and the test shard (the first ``test_events`` of ``test_h5``), named so
+    that the peer's DivideFiles picks them up (particle ``Ele``) and splits them as given.
+    Returns the event counts and the glob."""
     os.makedirs(folder, exist_ok=True)
     train, test = preprocessed(train_h5), preprocessed(test_h5)
     n = len(train["energy"])
     for shard, index in enumerate(np.array_split(np.arange(n), TRAIN_SHARDS)):
         write_records(os.path.join(folder, f"{prefix}_{shard:03d}.tfrecords"), train, index)
-    write_records(os.path.join(folder, f"{prefix}_{TRAIN_SHARDS:03d}.tfrecords"), test)
-    return {"train_events": n, "test_events": len(test["energy"]),
+    n_test = len(test["energy"]) if test_events is None else min(test_events, len(test["energy"]))
+    write_records(os.path.join(folder, f"{prefix}_{TRAIN_SHARDS:03d}.tfrecords"), test, np.arange(n_test))
+    return {"train_events": n, "test_events": n_test,
             "glob": os.path.join(folder, "*.tfrecords")}
 
 
