@@ -298,6 +298,7 @@ def main():
     if versions.returncode:
         sys.exit(f"--peer-python {a.peer_python}: needs tensorflow and tf-keras:\n{versions.stderr[-2000:]}")
     tf_version, tf_keras_version = versions.stdout.split()[-2:]
+    load_at_start = os.getloadavg()
     work = tempfile.mkdtemp(prefix="mpilearn-tfpeer-")
     data = make_data(a, work)
     print(f"data: {data['train_events']} train events, {a.mc_events} MC, original's test shard "
@@ -330,7 +331,7 @@ def main():
             "peer_test_events": data["peer_test_events"],
             "machine": f"{platform.machine()} {os.cpu_count()} cores", "python": platform.python_version(),
             "command": " ".join([os.path.relpath(sys.argv[0], REPO)] + sys.argv[1:]),
-            "load_average_at_end": os.getloadavg()}
+            "load_average": {"start": load_at_start, "end": os.getloadavg()}}
     write(a.out, {"meta": meta, "rows": rows}, markdown(meta, rows))
     if not a.keep:
         shutil.rmtree(work, ignore_errors=True)
@@ -343,7 +344,8 @@ def markdown(meta, rows):
              f"(TF_USE_LEGACY_KERAS=1), CPU. {meta['events']} train events, global batch "
              f"{meta['batch']}, {meta['epochs']} epochs; physics on {meta['mc_events']} held-out "
              "MC events (`validate --generated`, score and its ratio to the MC-vs-MC floor; "
-             "lower is better)." + (" **Quick smoke run: tiny sizes, numbers mean nothing.**"
+             f"lower is better). Load average (1 min) {meta['load_average']['start'][0]:.1f} at "
+             f"the start, {meta['load_average']['end'][0]:.1f} at the end." + (" **Quick smoke run: tiny sizes, numbers mean nothing.**"
                                      if meta["quick"] else ""), "",
              "| implementation | np | events/s | mpilearn / original | events trained | empty showers "
              "| score | score / floor | sampling-fraction MRE | wall s |",
@@ -361,8 +363,8 @@ def markdown(meta, rows):
                      f"{r['events_trained']} | {empty} | {fmt('score')} | {fmt('score_ratio')} | "
                      f"{fmt('sampling_fraction_mre')} | {r['wall_s']:.0f} |")
     lines += ["", "Empty showers: generated showers with a cell sum <= 10 (GeV x 50), which the "
-              "preprocessing drops before scoring; n/a physics: validate failed (the JSON's "
-              "physics_error), e.g. when every shower is empty."]
+              "preprocessing drops before scoring (the score stands on the rest); n/a physics: no "
+              "shower left to score, or validate failed (the JSON's physics_error)."]
     patch = next((r["patch"] for r in rows if r.get("patch")), "")
     lines += ["", f"Command: `python {meta['command']}`. The original's change, applied to a "
               "temporary copy (its hard-coded epoch and test-pass sizes):", "", "```diff",
