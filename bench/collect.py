@@ -23,6 +23,8 @@ SECTIONS = [("throughput", "Data-parallel training throughput (np=1 and 2, same 
             ("convergence_quick", "3DGAN time-to-quality, smoke run (issue 35; `python bench/convergence.py --quick`: no evidence for a rule)"),
             ("resnet_synthetic", "Horovod's synthetic benchmark: torchvision ResNet-18, mpilearn vs Horovod vs DDP"),
             ("keras_throughput", "Small 3DGAN: Keras 3 (TensorFlow, torch backends) vs PyTorch"),
+            ("tf_peer", "The original Accelarated3DGAN (TF2, MultiWorkerMirroredStrategy) beside mpilearn (issue 37; `python bench/tf_peer.py`)"),
+            ("tf_peer_quick", "The original Accelarated3DGAN beside mpilearn, smoke run (issue 37; `python bench/tf_peer.py --quick`: tiny, numbers mean nothing)"),
             ("gpu/gan3d", "GPU: the 3DGAN on one H100, mpilearn vs plain PyTorch (bench/gpu_3dgan.py, run on the GPU machine)")]
 
 

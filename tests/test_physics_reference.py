@@ -274,3 +274,10 @@ def test_validate_generated_second_mc_sample_scores_near_the_floor(showers_dir, 
     assert proc.returncode == 0, proc.stderr
     assert json.load(open(tmp_path / "v" / "validation.json"))["events"] == 20
     assert not (tmp_path / "v" / "profiles.png").exists()  # replaced, not mixed
+
+
+def test_features_of_a_batch_with_no_event():
+    """A validation batch whose showers all fail the sum > 10 selection (an early generator's
+    empty showers) has no event left: features are empty arrays, not a reshape error."""
+    f = physics.features(np.zeros((0, 51, 51, 25)), np.zeros(0), np.zeros(0), np.zeros(0, int))
+    assert len(f["sum"]) == 0 and f["moments"].shape == (0, 3, 2) and f["spectrum"].shape[0] == 0

@@ -44,7 +44,8 @@ def features(images_gev: np.ndarray, energy_gev: np.ndarray, condition_angle=Non
     the first events in file order), ``discriminator`` per-event D outputs to carry along."""
     img = np.asarray(images_gev, dtype=np.float64)
     n = len(img)
-    total = img.reshape(n, -1).sum(1)
+    cells = int(np.prod(img.shape[1:]))  # not -1: numpy cannot infer it for 0 events
+    total = img.reshape(n, cells).sum(1)
     safe = np.where(total > 0, total, 1.0)
     profiles = [img.sum(axis=(2, 3)), img.sum(axis=(1, 3)), img.sum(axis=(1, 2))]
     moments = np.zeros((n, 3, 2))
@@ -56,7 +57,7 @@ def features(images_gev: np.ndarray, energy_gev: np.ndarray, condition_angle=Non
     nz = img.shape[3]
     third = nz // 3  # 8/8/9 layers for 25, as the reference
     thirds = [np.arange(0, third), np.arange(third, 2 * third), np.arange(2 * third, nz)]
-    flat = img.reshape(n, -1)
+    flat = img.reshape(n, cells)
     out = {
         "energy": np.asarray(energy_gev, dtype=np.float64),
         "sum": total,
@@ -64,7 +65,7 @@ def features(images_gev: np.ndarray, energy_gev: np.ndarray, condition_angle=Non
         "profile_x": profiles[0], "profile_y": profiles[1], "profile_z": profiles[2],
         "moments": moments,
         "max_position": np.stack([p.argmax(1) for p in profiles], 1),
-        "hits": (img > HIT_THRESHOLD).reshape(n, -1).sum(1),
+        "hits": (img > HIT_THRESHOLD).reshape(n, cells).sum(1),
         "long_ratio": np.stack([profiles[2][:, t].sum(1) for t in thirds], 1) / safe[:, None],
         "angle": measured_angle_np(img),
         "spectrum": np.stack([np.histogram(e[e > 0], SPECTRUM_BINS)[0] for e in flat])
