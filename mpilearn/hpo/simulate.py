@@ -161,22 +161,29 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def parse_options(text: str) -> dict:
+    """``--options``: a JSON object of search.options; anything else is bad input."""
+    from ..errors import UsageError
+
+    try:
+        options = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise UsageError(f"--options is not JSON ({err}): {text!r}") from None
+    if not isinstance(options, dict):
+        raise UsageError(f"--options must be a JSON object of search.options, not {text!r}")
+    return options
+
+
 def main(argv=None, make_searcher_fn=None) -> int:
     """``make_searcher_fn(space, seed)``: a searcher other than ours (a bench's peer)."""
     from ..core import comm as mcomm
-    from ..errors import UsageError, exit_status
+    from ..errors import exit_status
     from .searchers import make_searcher
 
     args = parser().parse_args(argv)
     world = mcomm.init().comm  # a crash on one rank ends the job with its traceback
     try:
-        try:
-            options = json.loads(args.options)
-        except json.JSONDecodeError as err:
-            raise UsageError(f"--options is not JSON ({err}): {args.options!r}") from None
-        if not isinstance(options, dict):
-            raise UsageError(f"--options must be a JSON object of search.options, not "
-                             f"{args.options!r}")
+        options = parse_options(args.options)
         run(world, make_searcher_fn or (lambda space, seed: make_searcher(
             args.searcher, space, seed, **options)), args)
     except Exception as err:  # bad input: exit 2 (rank 0 says why); others abort the job
