@@ -197,3 +197,24 @@ def test_keras_3dgan_tapes_equal_the_fused_path_in_float64(tmp_path):
     assert r["block_with_zero_event_rank_vs_np1"] <= 1e-9, r
     for tape, fused in zip(*r["losses_np2"]):
         assert tape == pytest.approx(fused, rel=1e-12), (tape, fused)
+
+
+def test_keras_seeding_on_torch_equals_keras_own_and_leaves_tensorflow_unimported():
+    import subprocess
+    import sys
+
+    script = (
+        "import sys, keras, numpy as np\n"
+        "from mpilearn.train.setup import seed_keras\n"
+        "def weights():\n"
+        "    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4), keras.layers.Dropout(0.5)])\n"
+        "    return [np.asarray(w) for w in model.get_weights()] + [np.asarray(keras.random.normal((2,)))]\n"
+        "seed_keras(7); ours = weights()\n"
+        "assert 'tensorflow' not in sys.modules, 'seed_keras imported TensorFlow'\n"
+        "keras.utils.set_random_seed(7); theirs = weights()\n"
+        "keras.utils.set_random_seed(8); other = weights()\n"
+        "assert all(np.array_equal(a, b) for a, b in zip(ours, theirs)), 'not keras own seeding'\n"
+        "assert not np.array_equal(ours[0], other[0])\n")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "KERAS_BACKEND": "torch", "TF_CPP_MIN_LOG_LEVEL": "2"})
+    assert proc.returncode == 0, proc.stderr

@@ -35,13 +35,41 @@ def new_task(config: dict):
     seed_and_determinism(train)
     builder = load_builder(config["model"])
     if "keras" in sys.modules:  # the model file uses Keras: its initialisers too
-        import keras
-
-        keras.utils.set_random_seed(train["seed"])
+        seed_keras(train["seed"])
     task = build_task(builder, config["model"], config["hparams"])
     task.precision = train["precision"]
     task.compile_mode, task.channels_last = train["compile"], train["channels_last"]
     return task
+
+
+def seed_keras(seed: int) -> None:
+    """``keras.utils.set_random_seed``, without importing TensorFlow on another backend.
+
+    Keras's own function also seeds TensorFlow whenever it is installed, for ``tf.data``
+    pipelines; mpilearn reads no ``tf.data``, and the import costs a torch-backend rank
+    3.7 CPU-s and TensorFlow's thread pools (Keras's export still imports it, on rank 0 at
+    the end). So on another backend, and while the model file has not imported TensorFlow
+    itself, the same steps are done here but that one."""
+    import keras
+
+    if keras.config.backend() == "tensorflow" or "tensorflow" in sys.modules:
+        keras.utils.set_random_seed(seed)
+        return
+    import random
+
+    try:  # the steps of keras/src/utils/rng_utils.py (Keras 3)
+        from keras.src.backend.common import global_state
+        from keras.src.random import seed_generator
+        from keras.src.utils import rng_utils
+    except ImportError:  # another Keras layout: its own function, TensorFlow and all
+        keras.utils.set_random_seed(seed)
+        return
+    global_state.set_global_attribute(rng_utils.GLOBAL_RANDOM_SEED, seed)
+    global_state.set_global_attribute(seed_generator.GLOBAL_SEED_GENERATOR, None)
+    random.seed(seed)
+    np.random.seed(seed)
+    if keras.config.backend() == "torch":
+        torch.manual_seed(seed)
 
 
 def counted(files) -> list:
