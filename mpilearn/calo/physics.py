@@ -273,4 +273,7 @@ def validate_task(task, files, events: np.ndarray, comm, folder: Optional[str],
 
                 atomic_write_text(os.path.join(folder, "validation.json"),
                                   json.dumps(result, indent=2))
+    from ..core.comm import wait_idle
+
+    wait_idle(comm)  # the others wait asleep while rank 0 scores and plots
     return comm.bcast(result, root=0)

@@ -185,9 +185,35 @@ def install_exit_guard(world) -> None:
     atexit.register(at_exit)
 
 
+def wait_idle(comm) -> None:
+    """Collective: a barrier that the early ranks wait at asleep. MPI's blocking calls spin
+    on the core; behind seconds of rank-0-only work (the plan's checks, which import the
+    model file's framework: TensorFlow takes 4 s) that spinning took cores that ranks of
+    other jobs on a shared CPU node needed."""
+    import time
+
+    request, nap = comm.Ibarrier(), 1e-4
+    while not request.Test():
+        time.sleep(nap)
+        nap = min(nap * 2, 0.005)
+
+
+def recv_idle(comm, source: int, tag: int):
+    """``comm.recv``, waiting asleep (as :func:`wait_idle`): a block waits for its next trial
+    while rank 0's searcher fits its model."""
+    import time
+
+    nap = 1e-4
+    while not comm.Iprobe(source=source, tag=tag):
+        time.sleep(nap)
+        nap = min(nap * 2, 0.005)
+    return comm.recv(source=source, tag=tag)
+
+
 def fail_usage(comm, message: Optional[str]) -> None:
     """Collective: if rank 0 found bad input, every rank raises the same UsageError (the
     ``main()`` prints it once, from rank 0, and every rank exits 2 together)."""
+    wait_idle(comm)
     message = comm.bcast(message, root=0)
     if message is not None:
         raise UsageError(message)

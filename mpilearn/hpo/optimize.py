@@ -200,7 +200,8 @@ def run_block(config: dict, role, world, info: dict) -> None:
         trial = None
         if role.block_rank == 0:
             world.send({"block": role.block, "result": result}, dest=0, tag=TAG_BLOCK)
-            trial = world.recv(source=0, tag=TAG_TRIAL)
+            trial = mcomm.recv_idle(world, 0, TAG_TRIAL)
+        mcomm.wait_idle(block_comm)
         trial = block_comm.bcast(trial, root=0)
         if trial is None:
             return
@@ -216,7 +217,9 @@ def run_block(config: dict, role, world, info: dict) -> None:
             # the fold's cost: its ranks x wall (device_hours in the journal)
             folds.append({"fold": fold, **r, "ranks": fold_comm.Get_size(),
                           "device": "gpu" if str(ctx.device).startswith("cuda") else "cpu"})
-        # the block leader collects every fold leader's results
+        # the block leader collects every fold leader's results (a fold done early waits
+        # asleep: on a shared CPU node its ranks would spin on the cores the others train on)
+        mcomm.wait_idle(block_comm)
         gathered = block_comm.gather(folds if fold_comm.Get_rank() == 0 else [], root=0)
         if role.block_rank == 0:
             flat = sorted((f for part in gathered for f in part), key=lambda f: f["fold"])

@@ -60,6 +60,7 @@ class Trainer:
         # 2. build from the plan: the task, data, strategy, output directory, callbacks
         self.output, self.monitors = plan.output, plan.monitors
         self.task = plan.task if ctx.rank == 0 else new_task(config)
+        mcomm.wait_idle(comm)  # rank 0 built its task for the checks: it waits asleep
         self.train_files, self.val_files, self.test_files = shared_files(
             plan.files, self.task, config["data"]["on_error"])
         self.train_events, self.val_events = plan.events
@@ -159,16 +160,18 @@ class Trainer:
         # every rank's running sums: a resumed epoch's record is then the uninterrupted one's
         accs = self.ctx.comm.gather(self.acc, root=0)
         strategy = self.strategy.state_dict()  # collective: other ranks' own state
-        if self.ctx.rank != 0:
-            return None
-        state = {"task": self.task.state_dict(), "epoch": self.epoch,
-                 "step_in_epoch": self.step_in_epoch, "global_step": self.global_step,
-                 "rng": rngs, "acc": self.acc, "acc_per_rank": accs,
-                 "world_size": self.ctx.size,
-                 "strategy": strategy,
-                 "callbacks": {cb.name: cb.state_dict() for cb in self.callbacks}}
-        return ckpt.save(self.ckpt_dir, ckpt.name_for(self.epoch, self.step_in_epoch), state,
-                         self.config["train"]["keep_checkpoints"])
+        path = None
+        if self.ctx.rank == 0:
+            state = {"task": self.task.state_dict(), "epoch": self.epoch,
+                     "step_in_epoch": self.step_in_epoch, "global_step": self.global_step,
+                     "rng": rngs, "acc": self.acc, "acc_per_rank": accs,
+                     "world_size": self.ctx.size,
+                     "strategy": strategy,
+                     "callbacks": {cb.name: cb.state_dict() for cb in self.callbacks}}
+            path = ckpt.save(self.ckpt_dir, ckpt.name_for(self.epoch, self.step_in_epoch), state,
+                             self.config["train"]["keep_checkpoints"])
+        mcomm.wait_idle(self.ctx.comm)  # the others wait asleep while rank 0 writes
+        return path
 
     def _restore(self, path: str, state: dict) -> None:
         """Every rank loads the checkpoint the plan chose."""
