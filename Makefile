@@ -45,15 +45,19 @@ demo: $(STAMP)
 	@echo
 	@echo "Results: runs/demo (config.yaml, metrics.jsonl, checkpoints/, validation/, models/)"
 
-# Two pytest-xdist workers: most tests wait on launches and sleeps, so two keep both
-# cores busy (the cluster tests run beside them, see test:).
+# Three pytest-xdist workers on two cores: the tests wait on launches, sleeps and rank 0,
+# so two left a quarter of the CPU idle (measured: -n 2 29 min 19 s, -n 3 25 min 34 s,
+# -n 4 no faster; tests/DURATIONS.md). The cluster tests run beside them, see test:.
 # The 40 slowest tests are listed at the end, to see where the time goes.
-PYTEST_XDIST ?= -n 2
+PYTEST_XDIST ?= -n 3
 # The cluster tests (marker cluster: SLURM, two nodes, MPIJob pods; mostly waiting) run in one
 # process of their own beside the xdist workers: two workers would each start a cluster with
 # the same names. Their output follows the rest's; the status fails if either part fails.
 CLUSTER_LOG := .test-clusters.log
+# bytecode once: where PYTHONDONTWRITEBYTECODE is set (this machine), each of the suite's
+# ~850 rank processes compiled mpilearn's sources again
 test: $(STAMP) $(HVD_STAMP) $(MPICH_STAMP) slurm-packages
+	@$(BIN)/python -m compileall -q mpilearn tests models > /dev/null
 	@$(BIN)/python -m pytest -q -p no:cacheprovider -m cluster --durations=15 tests \
 	  > $(CLUSTER_LOG) 2>&1 & clusters=$$!; \
 	$(BIN)/python -m pytest -q $(PYTEST_XDIST) -m "not cluster" --durations=40 tests; rest=$$?; \
@@ -66,6 +70,7 @@ test: $(STAMP) $(HVD_STAMP) $(MPICH_STAMP) slurm-packages
 # set in tests/conftest.py) and the np=2 smoke runs of train, optimize and generate (marker
 # smoke). No SLURM, Horovod or MPICH needed.
 check: $(STAMP)
+	@$(BIN)/python -m compileall -q mpilearn tests models > /dev/null
 	$(BIN)/python -m pytest -q $(PYTEST_XDIST) --durations=10 -m "unit or smoke" tests
 
 # MPICH's Hydra mpiexec for the launcher tests: a side venv with the mpich wheel that sees
