@@ -172,8 +172,8 @@ def _starts_processes(obj, seen) -> bool:
 CLUSTER_FIXTURES = ("slurm", "nodes", "pods")
 
 
-# the longest single tests (tests/DURATIONS.md, 2 xdist workers): started first, so that
-# neither worker ends the run alone with one of them while the other core idles
+# the longest single tests (tests/DURATIONS.md): started first, so that no xdist worker
+# ends the run alone with one of them while the other cores idle
 LONGEST_FIRST = ("test_the_readme_runnable_blocks_run_as_written",
                  "test_kill9_of_a_sweep_at_scale_then_resume",
                  "test_keras_3dgan_tapes_equal_the_fused_path_in_float64",
