@@ -19,7 +19,7 @@ export PRTE_MCA_rmaps_default_mapping_policy := :oversubscribe
 MPICH   := $(VENV)/mpich
 MPICH_STAMP := $(MPICH)/.installed
 
-.PHONY: setup demo test check bench clean horovod slurm-packages jobs
+.PHONY: setup demo test check bench clean horovod slurm-packages jobs bytecode
 
 setup: $(STAMP)
 
@@ -56,8 +56,10 @@ PYTEST_XDIST ?= -n 3
 CLUSTER_LOG := .test-clusters.log
 # bytecode once: where PYTHONDONTWRITEBYTECODE is set (this machine), each of the suite's
 # ~850 rank processes compiled mpilearn's sources again
-test: $(STAMP) $(HVD_STAMP) $(MPICH_STAMP) slurm-packages
+bytecode: $(STAMP)
 	@$(BIN)/python -m compileall -q mpilearn tests models > /dev/null
+
+test: $(STAMP) $(HVD_STAMP) $(MPICH_STAMP) slurm-packages bytecode
 	@$(BIN)/python -m pytest -q -p no:cacheprovider -m cluster --durations=15 tests \
 	  > $(CLUSTER_LOG) 2>&1 & clusters=$$!; \
 	$(BIN)/python -m pytest -q $(PYTEST_XDIST) -m "not cluster" --durations=40 tests; rest=$$?; \
@@ -69,8 +71,7 @@ test: $(STAMP) $(HVD_STAMP) $(MPICH_STAMP) slurm-packages
 # The loop before a commit (a few minutes): every test that starts no process (marker unit,
 # set in tests/conftest.py) and the np=2 smoke runs of train, optimize and generate (marker
 # smoke). No SLURM, Horovod or MPICH needed.
-check: $(STAMP)
-	@$(BIN)/python -m compileall -q mpilearn tests models > /dev/null
+check: $(STAMP) bytecode
 	$(BIN)/python -m pytest -q $(PYTEST_XDIST) --durations=10 -m "unit or smoke" tests
 
 # MPICH's Hydra mpiexec for the launcher tests: a side venv with the mpich wheel that sees

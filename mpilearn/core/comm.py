@@ -185,28 +185,28 @@ def install_exit_guard(world) -> None:
     atexit.register(at_exit)
 
 
+def _poll_asleep(ready) -> None:
+    """Call ``ready()`` until it is true, sleeping 0.1 ms growing to 5 ms between calls."""
+    import time
+
+    nap = 1e-4
+    while not ready():
+        time.sleep(nap)
+        nap = min(nap * 2, 0.005)
+
+
 def wait_idle(comm) -> None:
     """Collective: a barrier that the early ranks wait at asleep. MPI's blocking calls spin
     on the core; behind seconds of rank-0-only work (the plan's checks, which import the
     model file's framework: TensorFlow takes 4 s) that spinning took cores that ranks of
     other jobs on a shared CPU node needed."""
-    import time
-
-    request, nap = comm.Ibarrier(), 1e-4
-    while not request.Test():
-        time.sleep(nap)
-        nap = min(nap * 2, 0.005)
+    _poll_asleep(comm.Ibarrier().Test)
 
 
 def recv_idle(comm, source: int, tag: int):
     """``comm.recv``, waiting asleep (as :func:`wait_idle`): a block waits for its next trial
     while rank 0's searcher fits its model."""
-    import time
-
-    nap = 1e-4
-    while not comm.Iprobe(source=source, tag=tag):
-        time.sleep(nap)
-        nap = min(nap * 2, 0.005)
+    _poll_asleep(lambda: comm.Iprobe(source=source, tag=tag))
     return comm.recv(source=source, tag=tag)
 
 
