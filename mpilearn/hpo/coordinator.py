@@ -13,6 +13,7 @@ go to disk with one fsync (a group commit), and only then are the blocks answere
 from __future__ import annotations
 
 import statistics
+import sys
 import time
 from typing import Dict, List, Optional
 
@@ -68,6 +69,7 @@ class Coordinator:
                                pending=[e["params"] for e in self.requeue], enqueued=enqueue)
         self.running: Dict[int, dict] = {}     # block -> started event
         self.latencies: List[float] = []       # seconds from a block's request to its answer
+        self.queued: List[bool] = []  # per answer: it waited in the queue for a model point
         self.cpu_times: List[float] = []       # this thread's CPU seconds per decision
         self.deferred: List[tuple] = []  # (block, rank, asked, deadline): waiting for a model point
         # recent trials' walls: how long a block may wait for a model point (see model_wait)
@@ -202,9 +204,11 @@ class Coordinator:
         return stop
 
     # -- the loop ------------------------------------------------------------------------
-    # messages answered per group commit: enough to amortise the fsync at a thousand blocks,
-    # few enough that the first one's answer is not held long
-    GROUP = 64
+    # messages answered per group commit. The first message's answer waits for the whole
+    # group: at 1 024 blocks, 64 held it 17 ms at p95 (0.45 ms a decision); 16 amortise the
+    # fsync (0.3-1.4 ms here) as well and hold it 6 ms (bench/RESULTS.md, issue 38)
+    GROUP = 16
+    SWITCH_S = 0.0005  # Python's GIL switch interval while the loop runs
 
     def run(self) -> SweepState:
         MPI = __import__("mpi4py.MPI", fromlist=["MPI"])
@@ -212,6 +216,10 @@ class Coordinator:
         active = set(range(self.blocks))
         sleep = 0.001
         self.journal.write("job", blocks=self.blocks, config=self.config_id)  # a job starts: the report's time axis
+        # the model thread holds the GIL up to the switch interval (5 ms) each time this loop
+        # asks for it: at 1 024 blocks an answer took 17 ms at p95 for 0.85 ms of CPU
+        switch = sys.getswitchinterval()
+        sys.setswitchinterval(min(switch, self.SWITCH_S))
         try:
             while active:
                 if preempt.requested() is not None and not self.stop_requested:
@@ -231,13 +239,15 @@ class Coordinator:
                         answers += self._decide(status.Get_source(), status.Get_tag(), active)
                         waiting = self.comm.Iprobe(source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG,
                                                    status=status)
-                for dest, tag, answer, asked in answers:
+                for dest, tag, answer, asked, queued in answers:
                     self.comm.send(answer, dest=dest, tag=tag)
                     if tag == TAG_TRIAL:
                         self.latencies.append(time.perf_counter() - asked)
+                        self.queued.append(queued)
                 if not answers:
                     time.sleep(0.001)  # only blocks waiting for the model: let it compute
         finally:
+            sys.setswitchinterval(switch)
             self.pool.close()
             if self.bar is not None:
                 self.bar.close()
@@ -250,7 +260,7 @@ class Coordinator:
         asked, cpu = time.perf_counter(), time.thread_time()
         msg = self.comm.recv(source=source, tag=tag)
         if tag == TAG_PROGRESS:
-            return [(source, TAG_VERDICT, self._verdict(msg), asked)]
+            return [(source, TAG_VERDICT, self._verdict(msg), asked, False)]
         block = msg["block"]
         if msg.get("result") is not None:
             self._finish(block, msg["result"])
@@ -274,7 +284,7 @@ class Coordinator:
                 active.discard(block)
             else:
                 self.running[block] = trial
-            answers.append((source, TAG_TRIAL, trial, asked))
+            answers.append((source, TAG_TRIAL, trial, asked, not only_first))
             if only_first:
                 break
         return answers

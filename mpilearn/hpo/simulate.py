@@ -109,7 +109,8 @@ def coordinate(comm, searcher, journal_path: str, workers: int, budget: int) -> 
     cpu = resource.getrusage(resource.RUSAGE_SELF)
     coordinator.run()
     after = resource.getrusage(resource.RUSAGE_SELF)
-    return {"latency_s": coordinator.latencies, "decision_cpu_s": coordinator.cpu_times,
+    return {"latency_s": coordinator.latencies, "queued": coordinator.queued,
+            "decision_cpu_s": coordinator.cpu_times,
             "fallbacks": coordinator.pool.fallbacks,
             "process_cpu_s": (after.ru_utime + after.ru_stime) - (cpu.ru_utime + cpu.ru_stime)}
 
