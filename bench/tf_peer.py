@@ -321,7 +321,7 @@ def main():
             rows.append(row)
             print(f"{row['case']:60s} np={np_} "
                   + (f"{row['events_per_s']:.3f} events/s" if "events_per_s" in row else "")
-                  + (f" score {row['physics']['score']:.3f}" if "physics" in row else "")
+                  + (f" score {row['physics']['score']}" if "physics" in row else "")
                   + (f" ERROR {row['error'][-300:]}" if "error" in row else "")
                   + (f" PHYSICS ERROR {row['physics_error'][-300:]}" if "physics_error" in row else ""),
                   flush=True)
