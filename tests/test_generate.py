@@ -50,6 +50,7 @@ def test_one_and_two_ranks_give_the_same_showers_that_validate_reads(tiny_run, s
     assert one.returncode == 0, one.stderr
     assert two.returncode == 0, two.stderr
     assert "showers/s" in one.stdout and "on 2 rank(s)" in two.stdout
+    assert "are empty" not in one.stderr + two.stderr  # the empty-shower warning's cases only
     # the run directory means the best epoch that training kept
     assert (tiny_run / "checkpoints" / "best.pt").is_file()
     assert f"from {tiny_run / 'checkpoints' / 'best.pt'} " in one.stdout, one.stdout
@@ -108,6 +109,28 @@ def test_drawn_conditions_lists_and_ranges(tiny_run, tmp_path):
     with h5py.File(tmp_path / "list.h5") as f:
         assert f["energy"][:].tolist() == [110, 150, 110, 150, 110]
         np.testing.assert_allclose(f["mtheta"][:], np.pi / 2, rtol=1e-6)
+
+
+def test_empty_showers_are_counted_in_one_warning(tiny_run, tmp_path):
+    """A generator whose every shower is empty (here: its last bias far below zero) still
+    writes them, and rank 0 says once how many are empty and why that happens early on."""
+    import shutil
+
+    from mpilearn.train import checkpoint as ckpt
+
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run, run)
+    for path in glob.glob(f"{run}/checkpoints/*.pt"):
+        state = ckpt.load(path)
+        state["task"]["models"]["generator"]["last.bias"].fill_(-1e3)
+        torch.save(state, path)
+    proc = generate(2, run, tmp_path / "dead.h5", "--events", "6", "--batch-size", "2")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.count("warning: 6 of 6 showers (100%) are empty (cell sum <= 0.2 GeV)") == 1, \
+        proc.stderr
+    assert "batch norm's running statistics" in proc.stderr
+    with h5py.File(tmp_path / "dead.h5") as f:
+        assert f["ECAL"].shape[0] == 6 and f["ECAL"][:].max() == 0
 
 
 @pytest.mark.parametrize("extra,message", [

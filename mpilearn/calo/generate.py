@@ -218,24 +218,40 @@ def produce(task, plan, table, args, comm, write=None):
     return n
 
 
-def _writer(h5, task, n: int, compress: bool = True):
-    """Datasets for ``n`` events in ``h5``; returns write(start, energy, angle, cells_gev)."""
-    from .format import GEOMETRY
+class _Writer:
+    """Datasets for ``n`` events in ``h5``; called as write(start, energy, angle, cells_gev).
+    Counts the empty showers: a cell sum at or below the preprocessing's cut, which
+    ``validate`` drops before scoring."""
 
-    g = GEOMETRY[task.variant]
-    opts = {"compression": "gzip", "compression_opts": 1} if compress else {}
-    ecal = h5.create_dataset("ECAL", (n, *g["shape"]), "float32", chunks=(1, *g["shape"]), **opts)
-    energy = h5.create_dataset("energy", (n,), "float32")
-    angle = h5.create_dataset(task.preprocess.angle_key, (n,), "float32") \
-        if task.variant == "angle" else None
+    def __init__(self, h5, task, n: int, compress: bool = True):
+        from .format import GEOMETRY
 
-    def write(start, e, a, cells):
+        g = GEOMETRY[task.variant]
+        self.unit, self.min_sum, self.empty = g["unit"], g["min_sum"], 0
+        opts = {"compression": "gzip", "compression_opts": 1} if compress else {}
+        self.ecal = h5.create_dataset("ECAL", (n, *g["shape"]), "float32", chunks=(1, *g["shape"]), **opts)
+        self.energy = h5.create_dataset("energy", (n,), "float32")
+        self.angle = h5.create_dataset(task.preprocess.angle_key, (n,), "float32") \
+            if task.variant == "angle" else None
+
+    def __call__(self, start, e, a, cells):
         stop = start + len(e)
-        ecal[start:stop] = cells * g["unit"]
-        energy[start:stop] = e
-        if angle is not None:
-            angle[start:stop] = a
-    return write
+        cells = cells * self.unit
+        self.ecal[start:stop] = cells
+        self.empty += int(np.sum(cells.reshape(len(cells), -1).sum(1) <= self.min_sum))
+        self.energy[start:stop] = e
+        if self.angle is not None:
+            self.angle[start:stop] = a
+
+    def warning(self, n: int):
+        """A line for rank 0 when showers are empty, else None."""
+        if not self.empty:
+            return None
+        return (f"mpilearn: warning: {self.empty} of {n} showers ({self.empty / n:.0%}) are empty "
+                f"(cell sum <= {self.min_sum / self.unit:g} GeV), and validate scores only the "
+                "others. A generator early in training can do this (generation uses its batch "
+                "norm's running statistics, which warm up over the first few hundred steps); "
+                "a trained one that does has collapsed.")
 
 
 def main(argv=None) -> int:
@@ -301,8 +317,10 @@ def main(argv=None) -> int:
                 with h5py.File(f, "w") as h5:
                     h5.attrs.update({"checkpoint": plan.checkpoint, "seed": args.seed,
                                      "precision": args.precision})
-                    produce(task, plan, table, args, ctx.comm,
-                            _writer(h5, task, n, args.compression == "gzip"))
+                    writers.append(_Writer(h5, task, n, args.compression == "gzip"))
+                    produce(task, plan, table, args, ctx.comm, writers[-1])
+
+            writers = []
 
             atomic_write_bytes(args.output, write_all)
         else:
@@ -315,6 +333,9 @@ def main(argv=None) -> int:
         print(f"generated {n} showers from {plan.checkpoint} ({epoch}) on {ctx.size} rank(s), "
               f"{args.device}, {args.precision}: {seconds:.1f} s, {n / seconds:.1f} showers/s "
               f"(written to {args.output})", flush=True)
+        warning = writers[-1].warning(n)
+        if warning:
+            print(warning, file=sys.stderr, flush=True)
     return 0
 
 
