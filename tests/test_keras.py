@@ -126,6 +126,28 @@ def test_3dgan_keras_matches_pytorch_after_copying_the_weights(backend, tmp_path
         assert len(r["d_rel_err"]) == (3 if name.startswith("fixed") else 4)
 
 
+def test_the_3dgan_twins_take_the_same_training_step_from_the_same_weights(tmp_path):
+    """One step of the four updates (float64, batch norm on) in models/gan3d.py and its Keras
+    twin from copied weights: the losses agree to the float32 rounding of the shared draws, and
+    the weights move alike (RMSprop's first step is lr x sqrt(10) x the gradient's sign, so a
+    weight whose gradient is near zero may step either way; a missing or different update
+    moves by its whole size)."""
+    import json
+    import subprocess
+    import sys
+
+    out = tmp_path / "step.json"
+    proc = subprocess.run([sys.executable, f"{TESTS}/scripts/keras_twin_step.py", str(out)],
+                          capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "KERAS_BACKEND": "torch", "PYTHONPATH": REPO})
+    assert proc.returncode == 0, proc.stderr
+    r = json.loads(out.read_text())
+    assert r["moved"] > 1e-3, r
+    assert r["rel_diff"] <= 0.02, r
+    for key, value in r["losses"]["torch"].items():
+        assert r["losses"]["keras"][key] == pytest.approx(value, rel=1e-5), key
+
+
 def test_keras_3dgan_trains_through_the_engine(tmp_path):
     from mpilearn.calo.simulate import simulate
 

@@ -176,7 +176,7 @@ def from_torch(torch_model, keras_model) -> None:
             values = [t["weight"].transpose(2, 3, 4, 1, 0)] + ([t["bias"]] if "bias" in t else [])
         else:
             values = [t["weight"], t["bias"], t["running_mean"], t["running_var"]]
-        layer.set_weights([np.asarray(v, dtype="float32") for v in values])
+        layer.set_weights([np.asarray(v) for v in values])  # assign casts to the layer's dtype
 
 
 def trainable_count(model) -> int:
