@@ -3,7 +3,7 @@
 PyTorch 3DGAN, on the same simulated showers and global batch, np / workers = 1 and 2.
 
     python bench/tf_peer.py --peer-dir /tmp/peer-3dgan [--peer-python .venv-peer/bin/python]
-                            [--quick] [--events 1024] [--batch 64] [--epochs 2]
+                            [--quick] [--events 1024] [--batch 64] [--epochs 2] [--seed 0]
                             [--out bench/results/tf_peer]
 
 PEER_DIR is a git checkout of https://github.com/recardoso/Accelarated3DGAN (MIT); nothing of
@@ -182,19 +182,20 @@ def run_original(a, workers, data, work):
 
 
 def run_mpilearn(a, name, model, env, np_, data, work):
-    out = os.path.join(work, f"mpilearn-{model[:-3]}-np{np_}")
+    out = os.path.join(work, f"mpilearn-{model[:-3]}-np{np_}-seed{a.seed}")
     steps = data["train_events"] // a.batch
     cmd = ["mpirun", "-np", str(np_), "--oversubscribe", sys.executable, "-m", "mpilearn.train",
            "--no-progress", "--output", out, "--set", f"model={REPO}/models/{model}",
            "--set", f"data.files=[{data['train_dir']}/*.h5]", "--set", "hparams.preset=full",
            "--set", f"train.epochs={a.epochs}", "--set", f"train.batch_size={a.batch // np_}",
            "--set", "train.backend=mpi", "--set", "train.lr_scaling=none",
-           "--set", "data.val_fraction=0.0", "--set", f"train.max_steps_per_epoch={steps}"]
+           "--set", "data.val_fraction=0.0", "--set", f"train.max_steps_per_epoch={steps}",
+           "--set", f"train.seed={a.seed}"]
     t0 = time.time()
     proc = subprocess.run(cmd, capture_output=True, text=True, env={**ENV, **env}, cwd=REPO,
                           timeout=a.timeout)
     row = {"case": name, "np": np_, "global_batch": a.batch, "wall_s": time.time() - t0,
-           "commands": [" ".join(cmd)]}
+           "seed": a.seed, "commands": [" ".join(cmd)]}
     if proc.returncode:
         row["error"] = proc.stderr[-3000:]
         return row, None
@@ -281,6 +282,8 @@ def main():
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--np", default="1,2")
     p.add_argument("--cases", default="original,keras,torch")
+    p.add_argument("--seed", type=int, default=0,
+                   help="mpilearn's train.seed (initial weights, noise); the original seeds nothing")
     p.add_argument("--timeout", type=float, default=6 * 3600, help="seconds per run")
     p.add_argument("--keep", action="store_true", help="keep the work folder (printed)")
     p.add_argument("--out", default=None)
@@ -327,7 +330,7 @@ def main():
                   flush=True)
     meta = {"peer": PEER_URL, "peer_commit": commit, "peer_tensorflow": tf_version,
             "peer_tf_keras": tf_keras_version, "quick": a.quick, "events": a.events,
-            "mc_events": a.mc_events, "batch": a.batch, "epochs": a.epochs,
+            "mc_events": a.mc_events, "batch": a.batch, "epochs": a.epochs, "seed": a.seed,
             "peer_test_events": data["peer_test_events"],
             "machine": f"{platform.machine()} {os.cpu_count()} cores", "python": platform.python_version(),
             "command": " ".join([os.path.relpath(sys.argv[0], REPO)] + sys.argv[1:]),
@@ -342,7 +345,8 @@ def markdown(meta, rows):
     lines = [f"Original: [{meta['peer']}]({meta['peer']}) at commit `{meta['peer_commit']}`, "
              f"TensorFlow {meta['peer_tensorflow']} with tf-keras {meta['peer_tf_keras']} "
              f"(TF_USE_LEGACY_KERAS=1), CPU. {meta['events']} train events, global batch "
-             f"{meta['batch']}, {meta['epochs']} epochs; physics on {meta['mc_events']} held-out "
+             f"{meta['batch']}, {meta['epochs']} epochs, mpilearn's train.seed "
+             f"{meta.get('seed', 0)}; physics on {meta['mc_events']} held-out "
              "MC events (`validate --generated`, score and its ratio to the MC-vs-MC floor; "
              f"lower is better). Load average (1 min) {meta['load_average']['start'][0]:.1f} at "
              f"the start, {meta['load_average']['end'][0]:.1f} at the end." + (" **Quick smoke run: tiny sizes, numbers mean nothing.**"
