@@ -23,6 +23,7 @@ import numpy as np  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import write  # noqa: E402
+from gan_init import latent, shower_sums  # noqa: E402 (the same 32 showers as gan_init.py)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "models"))
@@ -62,8 +63,7 @@ def main():
         path, = simulate(folder, a.batch * a.steps, seed=1, progress=False)
         with h5py.File(path) as f:
             data = {k: f[k][:] for k in ("ECAL", "energy", "mtheta")}
-    noise = np.random.default_rng(0).normal(size=(32, 254))
-    z = np.concatenate([np.full((32, 1), 1.5), np.full((32, 1), np.pi / 2), noise], 1).astype(a.dtype)
+    z = latent().astype(a.dtype)
 
     def showers():
         g = twins["torch"].generator.eval()
@@ -72,7 +72,7 @@ def main():
         out["keras"] = keras.ops.convert_to_numpy(twins["keras"].generator(z, training=False))[..., 0]
         row = {}
         for name, x in out.items():
-            sums = (np.maximum(x.astype(np.float64), 0) ** (1 / 0.85)).reshape(len(x), -1).sum(1)
+            sums = shower_sums(x)
             row[name] = {"median_sum": float(np.median(sums)), "empty": float(np.mean(sums <= 10))}
         row["max_output_difference"] = float(np.max(np.abs(out["torch"] - out["keras"])))
         return row

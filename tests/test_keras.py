@@ -132,7 +132,6 @@ def test_the_3dgan_twins_take_the_same_training_step_from_the_same_weights(tmp_p
     the weights move alike (RMSprop's first step is lr x sqrt(10) x the gradient's sign, so a
     weight whose gradient is near zero may step either way; a missing or different update
     moves by its whole size)."""
-    import json
     import subprocess
     import sys
 

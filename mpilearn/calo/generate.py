@@ -312,15 +312,16 @@ def main(argv=None) -> int:
 
             from ..core.io import atomic_write_bytes
 
+            writer = None  # rank 0's, kept for its count of empty showers
+
             def write_all(f):
+                nonlocal writer
                 n = len(table[0]) if table is not None else args.events
                 with h5py.File(f, "w") as h5:
                     h5.attrs.update({"checkpoint": plan.checkpoint, "seed": args.seed,
                                      "precision": args.precision})
-                    writers.append(_Writer(h5, task, n, args.compression == "gzip"))
-                    produce(task, plan, table, args, ctx.comm, writers[-1])
-
-            writers = []
+                    writer = _Writer(h5, task, n, args.compression == "gzip")
+                    produce(task, plan, table, args, ctx.comm, writer)
 
             atomic_write_bytes(args.output, write_all)
         else:
@@ -333,7 +334,7 @@ def main(argv=None) -> int:
         print(f"generated {n} showers from {plan.checkpoint} ({epoch}) on {ctx.size} rank(s), "
               f"{args.device}, {args.precision}: {seconds:.1f} s, {n / seconds:.1f} showers/s "
               f"(written to {args.output})", flush=True)
-        warning = writers[-1].warning(n)
+        warning = writer.warning(n)
         if warning:
             print(warning, file=sys.stderr, flush=True)
     return 0

@@ -6,8 +6,9 @@ Small angle model, float64, no dropout (the frameworks draw different masks), ba
 the PyTorch weights are copied into the Keras model, then each task takes one step (D on real,
 D on a fake batch from G in inference mode, G twice) on the same batch, and OUT gets the
 largest weight difference relative to how far the weights moved, and both tasks' losses.
-(After this step the twins part slowly: PyTorch keeps the unbiased batch variance as batch
-norm's running variance, Keras the biased one, and the next fake batch uses them.)
+The twins differ by about 1e-7 within the step: the Keras task takes the shared draws (noise,
+label flips) as float32, the PyTorch one in its dtype. After it they part further: PyTorch keeps
+the unbiased batch variance as batch norm's running variance, Keras the biased one.
 """
 import json
 import os
