@@ -8,6 +8,13 @@
 #   install.sh sshd ETC HOME PORT  sshd for MPI Operator workers, as the operator's own images
 #                                  do: a client config (ETC/ssh_config: no host-key prompts,
 #                                  PORT) and a non-root server config (HOME/.sshd_config)
+#   install.sh user NAME UID [ROOT] the image's user NAME with UID (and a group of GID UID) and
+#                                  home /home/NAME. A base image that already has a user with
+#                                  that UID (ubuntu:24.04 and the CUDA images built on it ship
+#                                  'ubuntu', UID 1000) has it renamed, with its home and group,
+#                                  so the UID stays the one the MPIJob's securityContext names;
+#                                  elsewhere (debian) the user is made. ROOT: another system's
+#                                  /etc (useradd --prefix), for tests
 #
 # venv's environment: TORCH_VERSION (2.13.0), TORCH_INDEX (https://download.pytorch.org/whl/cpu;
 # .../cu126 for CUDA), EXTRAS (hpo,keras), PYTHON (python3). mpi4py is built against the MPI
@@ -69,8 +76,32 @@ CONF
     echo "install.sh: sshd on port $port: $home/.sshd_config; client: $etc/ssh_config"
 }
 
+user() {
+    local name=$1 uid=$2 root=${3:-}
+    local prefix=()
+    [ -z "$root" ] || prefix=(--prefix "$root")
+    local old group
+    old=$(awk -F: -v id="$uid" '$3 == id {print $1; exit}' "$root/etc/passwd")
+    group=$(awk -F: -v id="$uid" '$3 == id {print $1; exit}' "$root/etc/group")
+    if [ -n "$old" ] && [ "$old" != "$name" ]; then
+        # useradd -u UID would fail ("UID is not unique"): take the user over instead
+        echo "install.sh: UID $uid is '$old' in the base image: renamed to '$name'"
+        usermod "${prefix[@]}" --login "$name" --home "/home/$name" --move-home "$old"
+    elif [ -z "$old" ]; then
+        [ -n "$group" ] || groupadd "${prefix[@]}" --gid "$uid" "$name"
+        useradd "${prefix[@]}" --create-home --uid "$uid" --gid "$uid" --shell /bin/bash "$name"
+    fi
+    group=$(awk -F: -v id="$uid" '$3 == id {print $1; exit}' "$root/etc/group")
+    if [ "$group" != "$name" ]; then
+        groupmod "${prefix[@]}" --new-name "$name" "$group"
+    fi
+    mkdir -p "$root/home/$name"
+    echo "install.sh: user $name, UID $uid, group $name (GID $uid), home /home/$name"
+}
+
 case "${1:-}" in
     venv) shift; [ $# -ge 1 ] || { echo "usage: install.sh venv PREFIX [SRC]" >&2; exit 2; }; venv "$@" ;;
     sshd) shift; [ $# -eq 3 ] || { echo "usage: install.sh sshd ETC HOME PORT" >&2; exit 2; }; sshd "$@" ;;
-    *) echo "usage: install.sh venv PREFIX [SRC] | install.sh sshd ETC HOME PORT" >&2; exit 2 ;;
+    user) shift; [ $# -ge 2 ] || { echo "usage: install.sh user NAME UID [ROOT]" >&2; exit 2; }; user "$@" ;;
+    *) echo "usage: install.sh venv PREFIX [SRC] | install.sh sshd ETC HOME PORT | install.sh user NAME UID [ROOT]" >&2; exit 2 ;;
 esac
