@@ -205,7 +205,8 @@ def _price(args) -> float | None:
     if args.site:
         from ..cluster.jobs import load_site
 
-        return load_site(args.site, {})["price"] or None
+        # (one rate until the report prices each device kind: cluster/price.py per_hour)
+        return load_site(args.site, {})["price"]["gpu_hour"] or None
     return None
 
 
