@@ -12,8 +12,19 @@ from mpilearn.cluster import jobs
 
 
 def render(*args, cwd=REPO):
-    return subprocess.run([sys.executable, "-m", "mpilearn.jobs", *args], capture_output=True,
-                          text=True, cwd=cwd)
+    """python -m mpilearn.jobs ARGS, in this process (the render-time checks import torch once)."""
+    import contextlib
+    import io
+    import types
+
+    out, err, here = io.StringIO(), io.StringIO(), os.getcwd()
+    os.chdir(cwd)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            rc = jobs.main(list(args))
+    finally:
+        os.chdir(here)
+    return types.SimpleNamespace(returncode=rc, stdout=out.getvalue(), stderr=err.getvalue())
 
 
 def test_ready_scripts_are_the_renderers_output():
@@ -49,14 +60,19 @@ def test_gpu_site_profile(tmp_path):
         assert line in text, line
     assert "module purge" not in text and "--set" not in text  # staging leaves the config alone
     assert subprocess.run(["bash", "-n"], input=text, text=True).returncode == 0
-    # an explicit tasks_per_node is kept beside GPUs (two ranks per GPU), module purge opt-in
+    # one rank per GPU: another tasks_per_node is refused naming both (16 ranks on 32 GPUs,
+    # or ranks sharing GPUs, which the run refuses), unless the run allows shared GPUs
     site.write_text(yaml.safe_dump({"gpus_per_node": 4, "tasks_per_node": 8, "modules": ["x"],
                                     "module_purge": True}))
     eight = render("--config", "jobs/train-3dgan.yaml", "--site", str(site))
-    assert "#SBATCH --ntasks-per-node=8" in eight.stdout, eight.stderr
-    assert "module purge && module load" in eight.stdout
-    cli = render("--config", "jobs/train-3dgan.yaml", "--gpus-per-node", "4", "--tasks-per-node", "8")
-    assert "#SBATCH --ntasks-per-node=8" in cli.stdout, cli.stderr
+    assert eight.returncode == 2 and "tasks_per_node 8 with gpus_per_node 4" in eight.stderr
+    shared = render("--config", "jobs/train-3dgan.yaml", "--site", str(site),
+                    "--set", "device.allow_shared_gpus=true")
+    assert "#SBATCH --ntasks-per-node=8" in shared.stdout, shared.stderr
+    assert "module purge && module load" in shared.stdout
+    cli = render("--config", "jobs/train-3dgan.yaml", "--gpus-per-node", "4", "--tasks-per-node", "2")
+    assert cli.returncode == 2 and "tasks_per_node 2 with gpus_per_node 4" in cli.stderr
+    assert "2 GPU(s) per node would stay idle" in cli.stderr
 
 
 def test_sweep_layout_must_fill_the_gpus_and_bad_keys_are_named(tmp_path):
@@ -66,7 +82,8 @@ def test_sweep_layout_must_fill_the_gpus_and_bad_keys_are_named(tmp_path):
     ok = render("--kind", "hpo", "--config", "jobs/hpo-mlp.yaml", "--nodes", "2",
                 "--gpus-per-node", "2", "--launcher", "mpirun")
     assert ok.returncode == 0, ok.stderr
-    assert "#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=3\n" in ok.stdout
+    # 5 tasks, at most 3 on a node: only the coordinator's node has the extra task
+    assert "#SBATCH --nodes=2\n#SBATCH --ntasks=5\n#SBATCH --ntasks-per-node=3\n" in ok.stdout
     assert 'mpirun -np "$NTASKS" --hostfile "$HOSTFILE"' in ok.stdout
     site = tmp_path / "site.yaml"
     site.write_text("gpus_per_nod: 4\n")
@@ -178,3 +195,37 @@ def test_the_scripts_read_the_launchers_own_status_after_a_trapped_signal(launch
         'echo "rc=$rc"'])
     out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=30)
     assert out.stdout.strip() == "rc=75", out
+
+
+def test_the_example_site_profile_puts_one_rank_on_each_gpu():
+    """jobs/site-example.yaml with its commented GPU line switched on: 4 ranks per node on 4
+    GPUs, not the 2 its tasks_per_node once kept (16 ranks on 32 GPUs)."""
+    text = open(os.path.join(REPO, "jobs", "site-example.yaml")).read()
+    assert "\ntasks_per_node: 0" in text
+    site = yaml.safe_load(text)
+    site["gpus_per_node"] = 4
+    assert jobs.layout("train", {}, jobs.load_site(None, site))["per_node"] == 4
+
+
+@pytest.mark.parametrize("target", ["slurm", "kubernetes"])
+def test_render_refuses_what_the_job_would_refuse(target, tmp_path):
+    """The model, its hyperparameters and the slots against the GPUs are checked as train
+    checks them, before a job is rendered: exit 2 naming the key or both values."""
+    config = tmp_path / "run.yaml"
+    config.write_text(yaml.safe_dump({"model": "models/mlp.py", "data": {"files": ["data/toy.h5"]},
+                                      "train": {"epochs": 1}}))
+    base = ("--target", target, "--config", str(config), "--image", "r/m:1")
+    typo = render(*base, "--set", "hparams.hiden=3")
+    assert typo.returncode == 2 and "hparams.hiden" in typo.stderr
+    assert "did you mean 'hidden'" in typo.stderr
+    slots = render(*base, "--tasks-per-node", "8", "--gpus-per-node", "4")
+    assert slots.returncode == 2 and "8 with" in slots.stderr and "4: mpilearn runs one rank per GPU" in slots.stderr
+    missing = render(*base, "--set", "model=models/nope.py")
+    assert missing.returncode == 2 and "model file not found: models/nope.py" in missing.stderr
+    cuda = render(*base, "--set", "device.type=cuda")
+    assert cuda.returncode == 2 and "device.type is cuda but the job asks for no GPU" in cuda.stderr
+    space = render("--target", target, "--kind", "hpo", "--config", "jobs/hpo-mlp.yaml",
+                   "--image", "r/m:1", "--set", "search.space.hiden={type: int, low: 1, high: 4}")
+    assert space.returncode == 2 and "hiden" in space.stderr, space.stderr
+    ok = render(*base)
+    assert ok.returncode == 0, ok.stderr

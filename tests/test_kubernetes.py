@@ -1,6 +1,7 @@
-"""python -m mpilearn.jobs --target kubernetes: the rendered MPIJob checked against the MPIJob
-v2beta1 schema written here from the MPI Operator's API types (tests/data), sized at job start from the operator's host
-file, and named in the ranks' launcher line."""
+"""python -m mpilearn.jobs --target kubernetes: the rendered MPIJob checked against the MPI
+Operator's CRD schema (an excerpt derived from its kubeflow.org_mpijobs.yaml: tests/data), with
+every field the site profile can set, sized at job start from the operator's host file, and
+named in the ranks' launcher line."""
 import contextlib
 import io
 import os
@@ -13,7 +14,7 @@ from mpilearn.cluster import allocation, jobs
 
 jsonschema = pytest.importorskip("jsonschema")  # the test extra
 
-SCHEMA = os.path.join(TESTS, "data", "mpijob-v2beta1.schema.yaml")
+SCHEMA = os.path.join(TESTS, "data", "mpijob-v2beta1.crd-excerpt.yaml")
 
 
 def strict(schema):
@@ -74,7 +75,7 @@ def test_every_rendered_mpijob_validates_against_the_operators_crd(kind, impl, g
     assert spec["slotsPerWorker"] == 2
     assert spec["runPolicy"]["backoffLimit"] >= 1 and spec["runPolicy"]["cleanPodPolicy"]
     launcher = spec["mpiReplicaSpecs"]["Launcher"]
-    assert launcher["restartPolicy"] == "OnFailure"  # a restart resumes
+    assert launcher["restartPolicy"] == "ExitCode"  # 1-127 permanent, 128+ retried (resumes)
     script = launcher["template"]["spec"]["containers"][0]["command"][2]
     entry = "mpilearn.train" if kind == "train" else "mpilearn.optimize"
     assert f"python -m {entry} " in script and "--resume auto" in script
@@ -151,3 +152,120 @@ def test_ranks_log_the_mpijob_from_the_role_and_host_file(toy_file, tmp_path):
                   env={"K_MPI_JOB_ROLE": "launcher", "MPILEARN_HOSTFILE": str(hosts)})
     assert proc.returncode == 0, proc.stderr
     assert "launcher mpirun (MPIJob cal), 2 process(es)" in proc.stdout, proc.stdout
+
+
+def errors_of(validator, job):
+    errors = sorted(validator.iter_errors(job), key=lambda e: list(e.path))
+    return "\n".join(f"{list(e.path)}: {e.message}" for e in errors)
+
+
+TRAIN = os.path.join(REPO, "jobs", "train-3dgan.yaml")
+
+
+def test_every_profile_field_renders_where_the_crd_has_it(tmp_path, validator):
+    site = site_file(
+        tmp_path, image="r.example.org/me/mpilearn:1", gpus_per_worker=2, memory="64Gi",
+        shm_size="16Gi", image_pull_secrets=["regcred"], service_account="trainer",
+        priority_class="high", launcher_node_selector={"pool": "cpu"},
+        launcher_tolerations=[{"key": "spot", "operator": "Exists", "effect": "NoSchedule"}],
+        gang=True, scheduling_policy={"queue": "research", "scheduleTimeoutSeconds": 600},
+        deadline="2-00:00:00", ttl_after_finished=3600, queue="team-a", suspend=True,
+        runs_chown=True, extra_pod_spec={"runtimeClassName": "nvidia", "hostIPC": False})
+    rc, text, err = render("--kind", "train", "--config", TRAIN, "--site", site, "--nodes", "3")
+    assert rc == 0, err
+    job = list(yaml.safe_load_all(text))[1]
+    assert not errors_of(validator, job), errors_of(validator, job)
+    assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
+    policy = job["spec"]["runPolicy"]
+    assert policy["activeDeadlineSeconds"] == 2 * 86400 and policy["ttlSecondsAfterFinished"] == 3600
+    assert policy["suspend"] is True
+    assert policy["schedulingPolicy"] == {"queue": "research", "scheduleTimeoutSeconds": 600,
+                                          "minAvailable": 4}  # 3 workers + the launcher
+    specs = job["spec"]["mpiReplicaSpecs"]
+    launcher, worker = (specs[r]["template"]["spec"] for r in ("Launcher", "Worker"))
+    for pod in (launcher, worker):
+        assert pod["imagePullSecrets"] == [{"name": "regcred"}]
+        assert pod["serviceAccountName"] == "trainer" and pod["priorityClassName"] == "high"
+        assert pod["runtimeClassName"] == "nvidia" and pod["hostIPC"] is False
+    assert launcher["nodeSelector"] == {"pool": "cpu"} and launcher["tolerations"][0]["key"] == "spot"
+    assert "nodeSelector" not in worker
+    (shm,) = [v for v in worker["volumes"] if v["name"] == "dshm"]
+    assert shm["emptyDir"] == {"medium": "Memory", "sizeLimit": "16Gi"}
+    assert {"name": "dshm", "mountPath": "/dev/shm"} in worker["containers"][0]["volumeMounts"]
+    (init,) = launcher["initContainers"]
+    assert init["securityContext"]["runAsUser"] == 0 and "chown 1000:1000 /work/runs" in init["command"][2]
+    # --time: the deadline, as sbatch reads it
+    rc, text, _ = render("--kind", "train", "--config", TRAIN, "--site", site, "--time", "12:00:00")
+    assert list(yaml.safe_load_all(text))[1]["spec"]["runPolicy"]["activeDeadlineSeconds"] == 43200
+
+
+def test_shm_is_on_for_gpu_jobs_and_the_cpu_example_holds_no_gpu_node(tmp_path):
+    rc, text, err = render("--kind", "hpo", "--config", os.path.join(REPO, "jobs", "hpo-mlp.yaml"),
+                           "--site", site_file(tmp_path, cpus_per_worker=4, memory="8Gi"),
+                           "--nodes", "1", "--gpus-per-node", "0", "--tasks-per-node", "4")
+    assert rc == 0, err
+    worker = list(yaml.safe_load_all(text))[1]["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]
+    assert "nodeSelector" not in worker and "tolerations" not in worker
+    assert not any(v["name"] == "dshm" for v in worker["volumes"])
+    assert "nvidia.com/gpu" not in worker["containers"][0]["resources"]["limits"]
+    rc, text, err = render("--kind", "train", "--config", TRAIN, "--gpus-per-node", "1")
+    worker = list(yaml.safe_load_all(text))[1]["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]
+    assert {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "4Gi"}} in worker["volumes"]
+    # a GPU profile's placement on a CPU job is said, and the image default too
+    gpu_site = site_file(tmp_path, node_selector={"cloud.google.com/gke-accelerator": "a100"})
+    rc, _, err = render("--kind", "train", "--config", TRAIN, "--site", gpu_site)
+    assert rc == 0 and "asks for no GPU but its workers' node_selector" in err
+    assert "no image named" in err and "mpilearn:latest" in err
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("extra_pod_spec", {"containers": []}, "extra_pod_spec.containers' is set by mpilearn"),
+    ("extra_pod_spec", {"runtimeClasName": "x"}, "did you mean 'runtimeClassName'"),
+    ("scheduling_policy", {"minAvailible": 2}, "did you mean 'minAvailable'"),
+    ("shm_size", "8Gi", "'kubernetes.shm_size' 8Gi is not below 'kubernetes.memory' 8Gi"),
+    ("deadline", "tomorrow", "'kubernetes.deadline' is 'tomorrow'"),
+    ("image_pull_secrets", "regcred", "'kubernetes.image_pull_secrets' must be a list"),
+])
+def test_bad_profile_fields_are_named(field, value, message, tmp_path):
+    rc, _, err = render("--kind", "train", "--config", TRAIN, "--image", "r/m:1",
+                        "--site", site_file(tmp_path, **{field: value}))
+    assert rc == 2 and message in err, err
+
+
+def test_a_model_file_travels_in_the_configmap_and_data_must_be_on_a_volume(tmp_path, validator):
+    config = tmp_path / "run.yaml"
+    config.write_text(yaml.safe_dump({"model": "models/mlp.py:build", "data": {"files": ["data/toy.h5"]}}))
+    cwd = os.getcwd()
+    os.chdir(REPO)
+    try:
+        rc, text, err = render("--kind", "train", "--config", str(config), "--image", "r/m:1",
+                               "--set", "train.epochs=2")
+        bad = render("--kind", "train", "--config", str(config), "--image", "r/m:1",
+                     "--set", "data.files=/scratch/toy.h5")
+    finally:
+        os.chdir(cwd)
+    assert rc == 0, err
+    config_map, job = list(yaml.safe_load_all(text))
+    assert config_map["data"]["mlp.py"] == open(os.path.join(REPO, "models", "mlp.py")).read()
+    command = job["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]["command"]
+    assert command[-4:] == ["--set", "train.epochs=2", "--set", "model=/etc/mpilearn/mlp.py:build"]
+    assert not errors_of(validator, job)
+    assert bad[0] == 2 and "data.files: /scratch/toy.h5 is not on a volume the pods mount" in bad[2]
+
+
+@pytest.mark.parametrize("status,exit_code", [(0, 0), (2, 2), (3, 3), (4, 4), (75, 143), (1, 129),
+                                              (137, 137)])
+def test_the_launcher_exits_permanent_for_bad_input_and_retriable_for_lost_pods(status, exit_code):
+    """The operator's ExitCode policy retries 128-255 only: mpilearn's bad input (2) and the
+    statuses a restart cannot cure stay below 128; a stopped run (75, an evicted pod) and a
+    lost worker's mpirun status go above it."""
+    import subprocess
+
+    from mpilearn.cluster import kubernetes
+
+    script = kubernetes.launcher_script("train", kubernetes.profile({}, {}), 2).splitlines()
+    start = script.index("case $rc in")
+    block = "\n".join(script[start:script.index("esac", start) + 1])
+    proc = subprocess.run(["bash", "-c", f"rc={status}\n{block}\nexit $rc"], capture_output=True,
+                          text=True)
+    assert proc.returncode == exit_code, proc.stderr

@@ -56,7 +56,7 @@ SITE = {
     "signal_grace": 300,      # seconds before the time limit at which mpilearn checkpoints
     "stage_to": "",           # node-local directory to copy the data files to (e.g. /tmp)
     "sbatch": [],             # extra #SBATCH lines, e.g. ["--constraint=a100"]
-    "price": 0.0,             # per device-hour (GPU, else CPU core): python -m mpilearn.report
+    "price": {},              # {gpu_hour, cpu_hour, currency}: cluster/price.py (the report)
     # kubernetes: {...}        the MPIJob's settings (--target kubernetes): cluster/kubernetes.py
 }
 
@@ -76,11 +76,16 @@ EXAMPLES = {
 def load_site(path: str | None, overrides: dict) -> dict:
     from ..core.config import _check, load_file
 
+    from . import price
+
     site = copy.deepcopy(SITE)
     site["kubernetes"] = {}  # checked when rendered for Kubernetes (kubernetes.profile)
+    site["price"] = price.parse({}, "site")
     for layer, source in ((load_file(path) if path else {}, path or "site"),
                           ({k: v for k, v in overrides.items() if v is not None}, "command line")):
         site["kubernetes"].update(layer.pop("kubernetes", None) or {})
+        if "price" in layer:
+            site["price"] = price.parse(layer.pop("price"), source)
         _check(layer, SITE, "", source)
         site.update(layer)
     if site["launcher"] not in ("srun", "mpirun"):
@@ -106,7 +111,10 @@ def layout(kind: str, config: dict, site: dict) -> dict:
             f"{nodes} node(s) x {gpus} GPU(s) = {nodes * gpus}: make them equal (the coordinator "
             "takes no GPU and shares the first node)")
     per_node = math.ceil(workers / nodes)
-    # the coordinator is one extra task on the first node; the rest fill nodes in order
+    # the coordinator is one extra task on the first node; the rest fill nodes in order. The
+    # header asks --ntasks (the total) with --ntasks-per-node as the most on one node, so
+    # only the first node is allocated the extra task (sbatch: --ntasks takes precedence and
+    # --ntasks-per-node is then a maximum)
     return {"ntasks": workers + 1, "per_node": per_node + 1,
             "hosts": [per_node + 1] + [per_node] * (nodes - 1)}
 
@@ -134,8 +142,10 @@ def render(kind: str, config_path: str, output: str, config: dict, site: dict) -
     q = shlex.quote
     lines = ["#!/bin/bash",
              f"#SBATCH --job-name=mpilearn-{kind}",
-             f"#SBATCH --nodes={site['nodes']}",
-             f"#SBATCH --ntasks-per-node={lay['per_node']}"]
+             f"#SBATCH --nodes={site['nodes']}"]
+    if lay["hosts"]:  # a sweep: the total, and at most the first node's share on any node
+        lines.append(f"#SBATCH --ntasks={lay['ntasks']}")
+    lines.append(f"#SBATCH --ntasks-per-node={lay['per_node']}")
     if site["gpus_per_node"]:
         lines.append(f"#SBATCH --gpus-per-node={site['gpus_per_node']}")
     if site["cpus_per_task"]:
@@ -303,6 +313,39 @@ def remove_old_hostfiles(hostfile: str) -> list:
     return removed
 
 
+def _render_kubernetes(args, config: dict, output: str) -> str:
+    """The MPIJob, after every check the job would make at start that can be made here."""
+    from . import jobcheck, kubernetes
+
+    for flag in ("launcher", "partition", "account"):
+        if getattr(args, flag):
+            raise UsageError(f"--{flag} is a SLURM setting; with --target kubernetes the site "
+                             "profile's kubernetes: section places the job")
+    site = load_site(args.site, {})
+    source = args.site or "site"
+    kube = kubernetes.profile(site["kubernetes"], {
+        "workers": args.nodes, "slots_per_worker": args.tasks_per_node,
+        "gpus_per_worker": args.gpus_per_node, "image": args.image,
+        "deadline": args.time}, source)
+    if kube["image"] == kubernetes.SITE["image"] and not args.image:
+        sys.stderr.write(f"mpilearn: warning: no image named (kubernetes.image in the site "
+                         f"profile, or --image): the job uses {kube['image']}, which the "
+                         "cluster's nodes must be able to pull\n")
+    for named in kubernetes.gpu_placement_without_gpus(kube):
+        sys.stderr.write(f"mpilearn: warning: the job asks for no GPU but its workers' "
+                         f"{named} places them on GPU nodes\n")
+    jobcheck.check_slots(kube["slots_per_worker"], kube["gpus_per_worker"], config,
+                         ("slots_per_worker (--tasks-per-node)",
+                          "gpus_per_worker (--gpus-per-node)"))
+    path = kubernetes.model_file(config)
+    if path and os.path.isabs(path) and kubernetes.on_volume(path, kube):
+        sys.stderr.write(f"mpilearn: warning: model {path} is on a pod volume: not checked here\n")
+    else:
+        jobcheck.check_config(args.kind, config)
+    jobcheck.check_pod_paths(args.kind, config, kube, source)
+    return kubernetes.render(args.kind, args.config, output, config, kube, args.set)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m mpilearn.jobs", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -313,7 +356,8 @@ def main(argv=None) -> int:
     p.add_argument("--launcher", choices=("srun", "mpirun"))
     p.add_argument("--target", choices=("slurm", "kubernetes"), default="slurm",
                    help="a SLURM batch script, or a Kubeflow MPIJob (the site's kubernetes: "
-                        "section; --nodes, --tasks-per-node, --gpus-per-node, --image override it)")
+                        "section; --nodes, --tasks-per-node, --gpus-per-node, --image and --time "
+                        "(runPolicy.activeDeadlineSeconds) override it)")
     p.add_argument("--image", help="with --target kubernetes: the container image")
     for key in ("nodes", "tasks_per_node", "gpus_per_node"):
         p.add_argument("--" + key.replace("_", "-"), type=int, dest=key)
@@ -371,18 +415,20 @@ def main(argv=None) -> int:
         if not args.config:
             raise UsageError("--config is required")
         config = _config(args.kind, args.config, args.set)
-        site = load_site(args.site, {k: getattr(args, k) for k in (
-            "launcher", "nodes", "tasks_per_node", "gpus_per_node", "time", "partition", "account")})
         output = args.output or config["output"] or f"runs/{args.kind}"
         if args.target == "kubernetes":
-            from . import kubernetes
-
-            kube = kubernetes.profile(site["kubernetes"], {
-                "workers": args.nodes, "slots_per_worker": args.tasks_per_node,
-                "gpus_per_worker": args.gpus_per_node, "image": args.image}, args.site or "site")
-            sys.stdout.write(kubernetes.render(args.kind, args.config, output, config, kube,
-                                               args.set))
+            sys.stdout.write(_render_kubernetes(args, config, output))
             return 0
+        site = load_site(args.site, {k: getattr(args, k) for k in (
+            "launcher", "nodes", "tasks_per_node", "gpus_per_node", "time", "partition", "account")})
+        from . import jobcheck
+
+        jobcheck.check_slots(site["tasks_per_node"], site["gpus_per_node"], config,
+                             ("tasks_per_node", "gpus_per_node"))
+        jobcheck.check_config(args.kind, config)
+        for missing in jobcheck.missing_here(args.kind, config):
+            sys.stderr.write(f"mpilearn: warning: {missing} matches no file here; the job reads "
+                             "it relative to the directory sbatch runs in\n")
         sys.stdout.write(render(args.kind, args.config, output, config, site))
     except UsageError as err:
         sys.stderr.write(f"mpilearn: error: {err}\n")

@@ -33,23 +33,22 @@ from .coordinator import TAG_BLOCK, TAG_PROGRESS, TAG_TRIAL, TAG_VERDICT, Coordi
 from .pruners import make_pruner
 
 
-def plan(config: dict, world_size: int, resume, force: bool = False) -> dict:
-    """Rank 0, before anything is written or any trial runs: every check of the sweep (layout,
-    space, searcher, objective, data, model, output, and on ``--resume`` the config against
-    the sweep's: ``hpo/identity.py``). Returns the plan: what :func:`start` records, and the
-    coordinator's parts, built once here (objective, searcher, pruner, warm-start records)."""
-    from . import identity, objective
+def check_search(config: dict, build: bool = True) -> dict:
+    """Every check of the sweep that reads no data file and no run directory: the budget,
+    objective, model, hyperparameters, space, searcher, pruner and enqueued points. Also what
+    ``python -m mpilearn.jobs`` checks before it renders a sweep's job (cluster/jobcheck.py),
+    with ``build=False``: the model file is imported, not built (a builder may need the
+    job's MPI context). Returns the parts built on the way."""
+    from . import objective
     from .searchers import make_searcher
     from .space import Space
     from ..core.builders import default_hparams, load_builder
 
     s = config["search"]
-    layout.check(world_size, s["blocks"], s["folds"], s["ranks_per_fold"], s["fold_mode"])
     if s["budget"] < 1:
         raise UsageError(f"search.budget must be at least 1, got {s['budget']}")
     obj = objective.parse(config)
-    defaults, declared = {}, {}
-    n_events = None
+    defaults, declared, task = {}, {}, None
     if "callable" not in obj:
         if not config["model"]:
             raise UsageError("no model given: set 'model' (or a search.objective.function)")
@@ -58,6 +57,7 @@ def plan(config: dict, world_size: int, resume, force: bool = False) -> dict:
         declared = default_hparams(config["model"])
         check_hparams(config["model"], config["hparams"])
         defaults = {**declared, **config["hparams"]}
+    if "callable" not in obj and build:
         try:
             task = load_builder(config["model"])(defaults)
         except UsageError:
@@ -65,27 +65,17 @@ def plan(config: dict, world_size: int, resume, force: bool = False) -> dict:
         except Exception as err:  # the builder's own error, before any trial
             raise UsageError(f"model {config['model']}: build(hparams) failed with the default "
                              f"hyperparameters: {type(err).__name__}: {err}") from None
-        from ..data.hdf5 import EventFiles
         from ..train.callbacks import logged_metrics
-        from ..train.checks import expand_files
 
         names = logged_metrics(task, config) | {objective.WALL}
         for metric in obj["metrics"]:
             if metric not in names:
                 raise UsageError(f"search.objective.metric '{metric}' is never logged by "
                                  f"this model and config (logged: {', '.join(sorted(names))})")
-        files = EventFiles(expand_files(config["data"]["files"]), task.keys, task.optional_keys)
-        if hasattr(task, "check_files"):
-            task.check_files(files)
+    if "callable" not in obj:
         if config["data"]["test_files"]:
             raise UsageError("data.test_files in a sweep: give them as search.test_files (never "
                              "read by the search; python -m mpilearn.refit scores them)")
-        test = set(map(os.path.abspath, expand_files(s["test_files"])))
-        overlap = test & set(map(os.path.abspath, files.paths))
-        if overlap:
-            raise UsageError(f"test file(s) in data.files: {', '.join(sorted(overlap))}; the "
-                             "test files must never enter the search")
-        n_events = len(files)
     elif config["model"]:  # a callable objective may still name a model: its defaults
         defaults = {**default_hparams(config["model"]), **config["hparams"]}
     space = Space.from_config(s["space"], defaults,
@@ -99,6 +89,33 @@ def plan(config: dict, world_size: int, resume, force: bool = False) -> dict:
                          f"{n_objectives} (set search.pruner: none)")
     pruner = make_pruner(s["pruner"], obj["directions"][0], **s["pruner_options"])
     check_points(s["enqueue"], space)
+    return {"objective": obj, "task": task, "searcher": searcher, "pruner": pruner}
+
+
+def plan(config: dict, world_size: int, resume, force: bool = False) -> dict:
+    """Rank 0, before anything is written or any trial runs: every check of the sweep (layout,
+    space, searcher, objective, data, model, output, and on ``--resume`` the config against
+    the sweep's: ``hpo/identity.py``). Returns the plan: what :func:`start` records, and the
+    coordinator's parts, built once here (objective, searcher, pruner, warm-start records)."""
+    from . import identity
+
+    s = config["search"]
+    layout.check(world_size, s["blocks"], s["folds"], s["ranks_per_fold"], s["fold_mode"])
+    parts = check_search(config)
+    task, n_events = parts["task"], None
+    if task is not None:
+        from ..data.hdf5 import EventFiles
+        from ..train.checks import expand_files
+
+        files = EventFiles(expand_files(config["data"]["files"]), task.keys, task.optional_keys)
+        if hasattr(task, "check_files"):
+            task.check_files(files)
+        test = set(map(os.path.abspath, expand_files(s["test_files"])))
+        overlap = test & set(map(os.path.abspath, files.paths))
+        if overlap:
+            raise UsageError(f"test file(s) in data.files: {', '.join(sorted(overlap))}; the "
+                             "test files must never enter the search")
+        n_events = len(files)
     warm = warm_start(s["warm_start"])
     output = config["output"] or "runs/hpo"
     from ..train.checks import check_output
@@ -112,7 +129,8 @@ def plan(config: dict, world_size: int, resume, force: bool = False) -> dict:
                          "one when there is none")
     notes = identity.check(output, config, force) if os.path.exists(journal) else []
     return {"output": output, "n_events": n_events, "notes": notes, "force": force,
-            "objective": obj, "searcher": searcher, "pruner": pruner, "warm_start": warm}
+            "objective": parts["objective"], "searcher": parts["searcher"],
+            "pruner": parts["pruner"], "warm_start": warm}
 
 
 def start(plan: dict, config: dict) -> dict:
