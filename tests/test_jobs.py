@@ -229,3 +229,30 @@ def test_render_refuses_what_the_job_would_refuse(target, tmp_path):
     assert space.returncode == 2 and "hiden" in space.stderr, space.stderr
     ok = render(*base)
     assert ok.returncode == 0, ok.stderr
+
+
+def test_the_price_is_per_device_kind_with_a_currency(tmp_path):
+    from mpilearn.cluster import price
+
+    site = tmp_path / "site.yaml"
+    site.write_text("price: {gpu_hour: 2.5, cpu_hour: 0.05, currency: USD}\n")
+    p = jobs.load_site(str(site), {})["price"]
+    assert p == {"gpu_hour": 2.5, "cpu_hour": 0.05, "currency": "USD"}
+    assert price.per_hour(p, "gpu") == 2.5 and price.per_hour(p, "cpu") == 0.05
+    assert price.describe(p, "cpu") == "0.05 USD per CPU-rank-hour"
+    for text, message in [("price: {gpu_hour: 2.5}", "'price.currency' is missing"),
+                          ("price: {gpu_hours: 2.5, currency: USD}", "did you mean 'price.gpu_hour'"),
+                          ("price: {cpu_hour: -1, currency: USD}", "'price.cpu_hour' must be 0 or more"),
+                          ("price: {gpu_hour: 1, currency: US D}", "'price.currency' is 'US D'"),
+                          ("price: cheap", "'price' must be a mapping")]:
+        site.write_text(text + "\n")
+        with pytest.raises(Exception, match=".*") as err:
+            jobs.load_site(str(site), {})
+        assert message in str(err.value) and str(site) in str(err.value), (text, err.value)
+    # the old form: one number for both kinds, no currency, a warning that names the key
+    site.write_text("price: 3.0\n")
+    proc = subprocess.run([sys.executable, "-c", "from mpilearn.cluster.jobs import load_site; "
+                           f"print(load_site({str(site)!r}, {{}})['price'])"],
+                          capture_output=True, text=True, cwd=REPO)
+    assert "{'gpu_hour': 3.0, 'cpu_hour': 3.0, 'currency': ''}" in proc.stdout, proc.stderr
+    assert "'price: 3' (one number for every device-hour) is deprecated" in proc.stderr
