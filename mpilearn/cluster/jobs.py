@@ -315,7 +315,7 @@ def remove_old_hostfiles(hostfile: str) -> list:
 
 def _render_kubernetes(args, config: dict, output: str) -> str:
     """The MPIJob, after every check the job would make at start that can be made here."""
-    from . import jobcheck, kubernetes
+    from . import carry, jobcheck, kubernetes
 
     for flag in ("launcher", "partition", "account"):
         if getattr(args, flag):
@@ -337,8 +337,8 @@ def _render_kubernetes(args, config: dict, output: str) -> str:
     jobcheck.check_slots(kube["slots_per_worker"], kube["gpus_per_worker"], config,
                          ("slots_per_worker (--tasks-per-node)",
                           "gpus_per_worker (--gpus-per-node)"))
-    path = kubernetes.model_file(config)
-    if path and os.path.isabs(path) and kubernetes.on_volume(path, kube):
+    path = carry.model_file(config)
+    if path and os.path.isabs(path) and carry.on_volume(path, kube):
         sys.stderr.write(f"mpilearn: warning: model {path} is on a pod volume: not checked here\n")
     else:
         jobcheck.check_config(args.kind, config)
