@@ -209,6 +209,7 @@ def test_every_build_context_holds_the_package_and_none_of_the_checkouts_junk(tm
     copied = set()
     for src, _ in files:
         path = root / src
+        # (Apptainer copies with cp -L: models, the link, arrives as the folder it names)
         copied |= ({str(p.relative_to(root)) for p in path.rglob("*") if p.is_file()}
                    if path.is_dir() and not path.is_symlink() else {src})
     # %post removes the caches inside them (a SIF has no layers)
