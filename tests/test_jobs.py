@@ -149,6 +149,17 @@ def test_a_sweep_is_placed_on_the_allocation_it_gets_or_refused_naming_both():
         place_sweep(alloc([4, 4], gpus=1), 2, 2, "s.yaml")
 
 
+def test_the_coordinator_goes_to_the_node_that_holds_the_extra_task():
+    """The sweep header (--ntasks=5, at most 3 per node) may come back as 2,3: the coordinator
+    and the host file's first line go to the node with 3, and the GPUs fill exactly."""
+    from mpilearn.cluster.allocation import coordinator_first, place_sweep
+
+    given = coordinator_first(alloc([2, 3], gpus=2))
+    assert given["hosts"] == ["n1", "n0"] and given["slots"] == [3, 2]
+    assert place_sweep(given, 2, 2, "s.yaml") == [3, 2]
+    assert coordinator_first(alloc([3, 3, 2]))["hosts"] == ["n0", "n1", "n2"]  # stable
+
+
 def test_plan_outside_an_allocation_is_bad_input():
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     proc = subprocess.run([sys.executable, "-m", "mpilearn.jobs", "--plan", "--kind", "hpo",

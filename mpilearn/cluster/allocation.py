@@ -76,6 +76,16 @@ def describe(alloc: dict) -> str:
             f"{','.join(map(str, alloc['slots']))}{gpus})")
 
 
+def coordinator_first(alloc: dict) -> dict:
+    """The allocation with its roomiest node first (stable: equal nodes keep their order). A
+    sweep's header asks --ntasks with --ntasks-per-node as a maximum, so one node holds the
+    coordinator's extra task; SLURM may list it anywhere, and the coordinator (rank 0, the
+    host file's first line) must go there."""
+    order = sorted(range(len(alloc["hosts"])), key=lambda i: -alloc["slots"][i])
+    return {**alloc, "hosts": [alloc["hosts"][i] for i in order],
+            "slots": [alloc["slots"][i] for i in order]}
+
+
 def place_sweep(alloc: dict, blocks: int, width: int, config_path: str) -> List[int]:
     """Ranks per node for a sweep: the coordinator first on node 0, then the training ranks
     (at most one per GPU) in node order. A layout that does not fit is refused, naming both."""
@@ -111,6 +121,8 @@ def plan(kind: str, config: dict, config_path: str, launcher: str,
         if mpijob:  # the coordinator: one extra rank on the first worker (no GPU)
             alloc["slots"][0] += 1
             alloc["ntasks"] += 1
+        else:
+            alloc = coordinator_first(alloc)
         counts = place_sweep(alloc, blocks, width, config_path)
         if sum(counts) < alloc["ntasks"]:
             placed = ", ".join(f"{h} x{n}" for h, n in zip(alloc["hosts"], counts) if n)
