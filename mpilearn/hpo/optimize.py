@@ -327,7 +327,7 @@ def main(argv=None) -> int:
         for note in info["notes"] if ctx.rank == 0 else ():
             print(note, flush=True)
     except Exception as err:  # mpilearn's own errors become statuses; others abort the job
-        return exit_status(err, ctx.rank)
+        return preempt.leave(exit_status(err, ctx.rank))
     s = config["search"]
     failure = None
     role = layout.role(world.Get_rank(), world.Get_size(), s["blocks"], s["folds"],
@@ -358,7 +358,8 @@ def main(argv=None) -> int:
     if stopped:
         return preempt.leave()
     failure = world.bcast(failure, root=0)  # every rank leaves with the status
-    return exit_status(SweepFailed(failure), ctx.rank) if failure else 0
+    # decided: a stop signal during the exit must not turn it into 75 (preempt.leave)
+    return preempt.leave(exit_status(SweepFailed(failure), ctx.rank) if failure else 0)
 
 
 if __name__ == "__main__":

@@ -146,8 +146,9 @@ def run(args, make_config, after=None) -> int:
         if after is not None:
             after(ctx, last)
     except Exception as err:  # mpilearn's own errors become statuses; others abort the job
-        return exit_status(err, ctx.rank)
-    return 0
+        return preempt.leave(exit_status(err, ctx.rank))
+    # finished: a stop signal from here on (its exit takes seconds) has nothing to stop
+    return preempt.leave(0)
 
 
 if __name__ == "__main__":
