@@ -80,7 +80,7 @@ def plan(config: dict, world_size: int, resume, force: bool = False) -> dict:
         if config["data"]["test_files"]:
             raise UsageError("data.test_files in a sweep: give them as search.test_files (never "
                              "read by the search; python -m mpilearn.refit scores them)")
-        test = set(map(os.path.abspath, expand_files(s["test_files"])))
+        test = set(map(os.path.abspath, expand_files(s["test_files"], "search.test_files")))
         overlap = test & set(map(os.path.abspath, files.paths))
         if overlap:
             raise UsageError(f"test file(s) in data.files: {', '.join(sorted(overlap))}; the "
@@ -110,7 +110,9 @@ def plan(config: dict, world_size: int, resume, force: bool = False) -> dict:
     if resume == "latest" and not os.path.exists(journal):
         raise UsageError(f"--resume: no sweep in {output} (no {journal}); --resume auto starts "
                          "one when there is none")
-    notes = identity.check(output, config, force) if os.path.exists(journal) else []
+    # one line per sweep: its folds start fresh without saying so, each one
+    notes = identity.check(output, config, force) if os.path.exists(journal) else \
+        [f"mpilearn: no sweep in {output}; starting one"] if resume == "auto" else []
     return {"output": output, "n_events": n_events, "notes": notes, "force": force,
             "objective": obj, "searcher": searcher, "pruner": pruner, "warm_start": warm}
 

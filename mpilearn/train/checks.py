@@ -255,14 +255,15 @@ def check_framework(task, train: dict) -> None:
 
 # -- data files and devices ------------------------------------------------------------
 
-def expand_files(patterns) -> list:
+def expand_files(patterns, key: str = "data.files") -> list:
+    """The files ``patterns`` (the config's ``key``) name, globs expanded, in order."""
     out = []
     for pattern in patterns:
         matches = sorted(glob.glob(pattern)) or [pattern]  # a literal name: 'not found' later
         for path in matches:
             why = describe_missing(path)
             if why:  # a directory, or a pattern that matched nothing
-                raise UsageError(f"data file {why}")
+                raise UsageError(f"{key}: {why}")
         out.extend(matches)
     return out
 
@@ -273,9 +274,11 @@ def open_files(config: dict, task) -> tuple:
     train = EventFiles(expand_files(data["files"]), task.keys, task.optional_keys)
     val = test = None
     if data["val_files"]:
-        val = EventFiles(expand_files(data["val_files"]), task.keys, task.optional_keys)
+        val = EventFiles(expand_files(data["val_files"], "data.val_files"), task.keys,
+                         task.optional_keys)
     if data["test_files"]:
-        test = EventFiles(expand_files(data["test_files"]), task.keys, task.optional_keys)
+        test = EventFiles(expand_files(data["test_files"], "data.test_files"), task.keys,
+                          task.optional_keys)
         overlap = set(map(os.path.abspath, test.paths)) & set(map(os.path.abspath, train.paths))
         if overlap:
             raise UsageError(f"data.test_files also in data.files: {', '.join(sorted(overlap))}; "
