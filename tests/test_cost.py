@@ -74,6 +74,9 @@ def test_a_sweeps_journal_records_device_hours_and_report_sums_them(toy_file, tm
     assert numbers(line.split("=")[1])[0] == pytest.approx(total * 3.0, rel=1e-3)
     assert "per trial (4 trial(s))" in out and "per epoch (4 epoch(s))" in out
     report = tmp_path / "sweep" / "report"
+    # no pruner, no intermediate values: said, not drawn as an empty plot (issue 48)
+    assert "intermediate.png: not drawn: no intermediate values (no pruner)" in out
+    assert not (report / "intermediate.png").exists()
     summary = json.load(open(report / "best.json"))
     best = summary["best"]
     to_best = summary["cost"]["to_best"]

@@ -15,7 +15,8 @@ Writes into RUN_DIR/report/:
 - ``convergence.png``: every trial's value and the best so far, by trial number;
 - ``parameters.png``: the objective against each parameter (log axes for log-scale parameters,
   integer ticks for integer ones);
-- ``intermediate.png``: each trial's per-epoch value (mean over its folds), pruned ones marked;
+- ``intermediate.png``: each trial's per-epoch value (mean over its folds), pruned ones marked
+  (not drawn, and said so, when no trial reported one: a sweep without a pruner);
 - ``importance.png``: parameter importance (a random forest's impurity importance, scikit-learn);
 - ``pareto.png`` (several objectives): every trial in the first two objectives, the front joined;
 - ``utilisation.png``: the block timeline; utilisation counts only the time jobs ran (the gaps
@@ -178,8 +179,9 @@ def main(argv=None) -> int:
                "origins": dict(Counter(r["origin"] or "requeued" for r in rows)),
                "refit": refit(args.run_dir), "cost": costs}
     atomic_write_text(os.path.join(out, "best.json"), json.dumps(summary, indent=2))
-    plots(out, rows, done, names, space, directions, signs, front, spans, util, weights, events,
-          objective_labels(args.run_dir, directions))
+    skipped = plots(out, rows, done, names, space, directions, signs, front, spans, util,
+                    weights, events, objective_labels(args.run_dir, directions),
+                    _search_config(args.run_dir).get("pruner", "none"))
     if best:
         print(f"best {best['value']:.6g} +- {best['std']:.2g}: {best['params']} "
               f"(trial {best['trial']})")
@@ -192,6 +194,8 @@ def main(argv=None) -> int:
         print(f"refit: {r['output']} (trial {r['trial']}"
               + "".join(f"; {k} {v:.5g}" for k, v in scores.items()) + ")")
     print("\n".join(cost.sweep_lines(costs)))
+    for name, why in skipped.items():
+        print(f"{name}: not drawn: {why}")
     print(f"{len(rows)} trials; report in {out}")
     return 0
 
@@ -209,13 +213,17 @@ def _price(args) -> float | None:
     return None
 
 
-def objective_labels(run_dir: str, directions) -> list:
-    """Each objective's axis label: its metric (or function) and mode, and the direction."""
+def _search_config(run_dir: str) -> dict:
+    """The sweep's ``search`` section as saved in its run directory ({} if none)."""
     from ..core.config import load_file
 
     path = os.path.join(run_dir, "config.yaml")
-    obj = ((load_file(path).get("search") or {}).get("objective") or {}
-           if os.path.exists(path) else {})
+    return (load_file(path).get("search") or {}) if os.path.exists(path) else {}
+
+
+def objective_labels(run_dir: str, directions) -> list:
+    """Each objective's axis label: its metric (or function) and mode, and the direction."""
+    obj = _search_config(run_dir).get("objective") or {}
     if obj.get("function"):
         metrics = [f"{obj['function']}()"] * len(directions)
     else:
@@ -227,7 +235,8 @@ def objective_labels(run_dir: str, directions) -> list:
 
 
 def plots(out, rows, done, names, space, directions, signs, front, spans, util, weights, events,
-          labels=None):
+          labels=None, pruner="none") -> dict:
+    """Draws the plots into ``out``; returns {file: why} for those not drawn."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -269,34 +278,39 @@ def plots(out, rows, done, names, space, directions, signs, front, spans, util, 
         else:
             ax.scatter(xs, ys, s=14)
             if spec is not None and spec.log:
-                from matplotlib.ticker import NullFormatter
-
-                ax.set_xscale("log")
-                ax.xaxis.set_minor_formatter(NullFormatter())  # labelled minor ticks overlap
+                log_axis(ax, spec.low, spec.high)
             if spec is not None and spec.type == "int":
                 ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set(xlabel=name, ylabel=label)
     fig.suptitle(f"objective {label} vs each parameter")
     save(fig, "parameters.png")
 
-    fig, ax = plt.subplots(figsize=(7, 4.5))
     curves = {}
     for e in events:
         if e["event"] == "progress":
             curves.setdefault(e["key"], {}).setdefault(e["epoch"], []).append(e["value"])
-    status = {r["key"]: r["status"] for r in rows}
-    for key, by_step in curves.items():
-        steps = sorted(by_step)
-        pruned = status.get(key) == "pruned"
-        ax.plot(steps, [np.mean(by_step[s]) for s in steps], "-", lw=1,
-                color="tab:red" if pruned else "tab:blue", alpha=0.6)
-    ax.plot([], [], color="tab:blue", label="complete")
-    ax.plot([], [], color="tab:red", label="pruned")
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set(xlabel="epoch (step)", ylabel="value (mean over folds)",
-           title="intermediate values" + ("" if curves else ": none reported (no pruner)"))
-    ax.legend()
-    save(fig, "intermediate.png")
+    skipped = {}
+    if curves:
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        status = {r["key"]: r["status"] for r in rows}
+        for key, by_step in curves.items():
+            steps = sorted(by_step)
+            pruned = status.get(key) == "pruned"
+            ax.plot(steps, [np.mean(by_step[s]) for s in steps], "-", lw=1,
+                    color="tab:red" if pruned else "tab:blue", alpha=0.6)
+        ax.plot([], [], color="tab:blue", label="complete")
+        ax.plot([], [], color="tab:red", label="pruned")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set(xlabel="epoch (step)", ylabel="value (mean over folds)",
+               title="intermediate values")
+        ax.legend()
+        save(fig, "intermediate.png")
+    else:  # an empty plot with made-up ticks says less than a line
+        path = os.path.join(out, "intermediate.png")
+        if os.path.exists(path):  # an older report's
+            os.unlink(path)
+        skipped["intermediate.png"] = "no intermediate values" + (
+            " (no pruner)" if pruner == "none" else " reported yet")
 
     fig, ax = plt.subplots(figsize=(6, 0.5 * max(2, len(names)) + 1.5))
     if weights:
@@ -318,14 +332,49 @@ def plots(out, rows, done, names, space, directions, signs, front, spans, util, 
         save(fig, "pareto.png")
 
     fig, ax = plt.subplots(figsize=(9, 0.6 * max(2, len(spans)) + 1.5))
+    draw_utilisation(ax, spans, util)
+    save(fig, "utilisation.png")
+    return skipped
+
+
+def draw_utilisation(ax, spans: dict, util) -> None:
+    """The block timeline: one row per block (integer ticks, one per block up to 20), each
+    trial a bar with a white edge, so that back-to-back trials stay apart."""
+    from matplotlib.ticker import MaxNLocator
+
     t0 = min((s for v in spans.values() for s, _ in v), default=0)
     for block, intervals in sorted(spans.items()):
-        ax.broken_barh([(s - t0, e - s) for s, e in intervals], (block - 0.4, 0.8))
-    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.broken_barh([(s - t0, e - s) for s, e in intervals], (block - 0.4, 0.8),
+                       edgecolor="white", linewidth=0.5)
+    blocks = sorted(spans) or [0]
+    if len(blocks) <= 20:
+        ax.set_yticks(blocks)
+    else:
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_ylim(blocks[-1] + 0.6, blocks[0] - 0.6)  # block 0 on top, as a timeline reads
     ax.set(xlabel="seconds since the first trial", ylabel="block",
            title=f"block utilisation {util:.1%} (while jobs ran)" if util is not None
            else "block utilisation")
-    save(fig, "utilisation.png")
+
+
+def log_axis(ax, low: float, high: float) -> None:
+    """A log x axis a reader can read over a log parameter's range (``low``..``high``): its
+    limits, and labelled ticks at 1-2-5 (under three decades; every digit under one decade)
+    instead of the one power of ten a narrow range holds."""
+    import math
+
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    ax.set_xscale("log")
+    decades = math.log10(high / low)
+    subs = (1.0,) if decades > 3 else (1.0, 2.0, 5.0) if decades >= 1 else \
+        tuple(float(d) for d in range(1, 10))
+    ax.xaxis.set_major_locator(LogLocator(base=10, subs=subs))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:g}"))
+    ax.xaxis.set_minor_formatter(NullFormatter())  # labelled minor ticks overlap
+    pad = (high / low) ** 0.04
+    ax.set_xlim(low / pad, high * pad)
+
 
 
 if __name__ == "__main__":
