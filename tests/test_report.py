@@ -40,3 +40,24 @@ def test_a_log_parameter_axis_has_readable_ticks_over_its_range(low, high, at_le
     assert len(ticks) <= 12, ticks  # and not crowded
     assert all("10^" not in text and "$" not in text for _, text in ticks)  # plain numbers
     plt.close(fig)
+
+
+def test_a_runs_physics_plot_takes_every_metric_with_a_floor(tmp_path):
+    """The 3DGAN's score and the CaloChallenge's numbers (fpd, kpd, ...) alike: any X logged
+    with X_floor is drawn against it, per epoch; a metric without a floor is not physics."""
+    from mpilearn.train.report import floored_metrics, plots
+
+    records = [{"epoch": e, "time": {}, "train_loss": 1.0 / e, "val_loss": 1.2 / e,
+                "score": 10.0 / e, "score_floor": 0.3, "score_ratio": 10.0 / e / 0.3,
+                "fpd": 0.5 / e, "fpd_floor": 0.01, "kpd": 0.02 / e, "kpd_floor": 1e-3,
+                "auc_high": 0.9, "reference_metric": 4.0, "samples_per_s": 100.0 * e,
+                "device_hours": 0.01, "device": "cpu"} for e in (1, 2, 3)]
+    records[1].pop("fpd")  # validated every other epoch: the gap is left out
+    assert floored_metrics(records) == ["fpd", "kpd", "score"]
+    skipped = plots(str(tmp_path), records, {"in_epochs": {"cpu": 0.03}, "launched": None})
+    assert skipped == {}
+    for png in ("losses.png", "physics.png", "throughput.png", "cost.png"):
+        assert (tmp_path / png).stat().st_size > 5000
+    skipped = plots(str(tmp_path), [{k: v for k, v in r.items() if "floor" not in k}
+                                    for r in records], {"in_epochs": {}, "launched": None})
+    assert "physics.png" in skipped and not (tmp_path / "physics.png").exists()

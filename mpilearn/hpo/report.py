@@ -30,6 +30,7 @@ import json
 import os
 import sys
 from collections import Counter
+from dataclasses import asdict
 
 import numpy as np
 
@@ -127,9 +128,14 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m mpilearn.report", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("run_dir")
-    p.add_argument("--price", type=float, metavar="PER_DEVICE_HOUR",
-                   help="price of one device-hour (a GPU, or a CPU rank): costs in money")
-    p.add_argument("--site", help="site profile (YAML) whose 'price' is used without --price")
+    p.add_argument("--gpu-hour", type=float, metavar="PRICE",
+                   help="price of one GPU-hour (a GPU rank's hour): costs in money")
+    p.add_argument("--cpu-hour", type=float, metavar="PRICE",
+                   help="price of one CPU-rank-hour (a CPU rank's hour, its cores included)")
+    p.add_argument("--currency", default=None, help="the prices' currency, e.g. USD")
+    p.add_argument("--price", help=argparse.SUPPRESS)  # the old one-number form: refused
+    p.add_argument("--site", help="site profile (YAML) whose 'price' ({gpu_hour, cpu_hour, "
+                                  "currency}) is used where the options above are not given")
     args = p.parse_args(argv)
     try:
         price = _price(args)
@@ -138,9 +144,9 @@ def main(argv=None) -> int:
         return 2
     if not os.path.exists(os.path.join(args.run_dir, "journal.jsonl")):
         if os.path.exists(os.path.join(args.run_dir, "metrics.jsonl")):  # a training run
-            summary = cost.run_summary(args.run_dir, price)
-            print("\n".join(cost.run_lines(summary)))
-            return 0
+            from ..train.report import report_run
+
+            return report_run(args.run_dir, price)
         sys.stderr.write(f"mpilearn: error: {args.run_dir}: neither journal.jsonl (a sweep) "
                          "nor metrics.jsonl (a training run) found\n")
         return 2
@@ -161,11 +167,12 @@ def main(argv=None) -> int:
     with open(os.path.join(out, "trials.csv"), "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["trial", "key", "status", "value", "values", "std", "fold_values",
-                    "pruned_at_step", "wall_s", "device_hours", "origin", *names, "reason"])
+                    "pruned_at_step", "wall_s", "device_hours", "cost", "origin", *names,
+                    "reason"])
         for r in rows:
             w.writerow([r["trial"], r["key"], r["status"], r["value"], json.dumps(r["values"]),
                         r["std"], json.dumps(r["fold_values"]), r["step"], r["wall"],
-                        r["device_hours"],
+                        r["device_hours"], r["cost"],
                         r["origin"], *[r["params"].get(n) for n in names],
                         r["reason"].splitlines()[0] if r["reason"] else ""])
     front = pareto_front(rows, signs) if n_obj > 1 else []
@@ -193,24 +200,35 @@ def main(argv=None) -> int:
                   if k.startswith("test_") and isinstance(v, float)}
         print(f"refit: {r['output']} (trial {r['trial']}"
               + "".join(f"; {k} {v:.5g}" for k, v in scores.items()) + ")")
-    print("\n".join(cost.sweep_lines(costs)))
+    print("\n".join(cost.sweep_lines(costs, price)))
     for name, why in skipped.items():
         print(f"{name}: not drawn: {why}")
     print(f"{len(rows)} trials; report in {out}")
     return 0
 
 
-def _price(args) -> float | None:
-    """--price, else the site profile's price (0: none)."""
+def _price(args):
+    """The price per device kind: --gpu-hour/--cpu-hour/--currency over the site
+    profile's ``price`` (``cost.price_from_site``); None: none."""
     if args.price is not None:
-        if args.price < 0:
-            raise UsageError(f"--price must be 0 or more, got {args.price}")
-        return args.price or None
+        raise UsageError("--price is per device kind now: give --gpu-hour and/or --cpu-hour "
+                         "(and --currency), or a site profile's price: {gpu_hour, cpu_hour, "
+                         "currency}")
+    site = {}
     if args.site:
-        from ..cluster.jobs import load_site
+        from ..core.config import load_file
 
-        return load_site(args.site, {})["price"] or None
-    return None
+        if not os.path.isfile(args.site):
+            raise UsageError(f"--site {args.site}: no such file")
+        # the price alone (cost.price_from_site checks it); the rest is for the job renderer
+        found = cost.price_from_site(load_file(args.site).get("price"))
+        site = asdict(found) if found else {}
+    given = {"gpu_hour": args.gpu_hour, "cpu_hour": args.cpu_hour, "currency": args.currency}
+    for key in ("gpu_hour", "cpu_hour"):
+        if given[key] is not None and given[key] < 0:
+            raise UsageError(f"--{key.replace('_', '-')} must be 0 or more, got {given[key]:g}")
+    merged = {**site, **{k: v for k, v in given.items() if v is not None}}
+    return cost.price_from_site(merged) if merged else None
 
 
 def _search_config(run_dir: str) -> dict:

@@ -118,6 +118,7 @@ def run(args, make_config, after=None) -> int:
     preempt.install()
     ctx = mcomm.init()
     stage.leave_on_exit(ctx.local_rank)
+    launches = None  # the launch's wall time per rank (launches.jsonl), once the run is built
     try:
         line = mcomm.check_launch(ctx)
         if ctx.rank == 0:
@@ -141,12 +142,20 @@ def run(args, make_config, after=None) -> int:
         trainer = Trainer(config, ctx, output=output, resume=resume,
                           progress=not args.no_progress, overwrite=args.overwrite,
                           force=args.force)
+        from .launches import Launches
+
+        launches = Launches(ctx.comm, output, ctx.device)
+        trainer.callbacks.append(launches)
         before_start(ctx.comm)
         last = trainer.fit()
         if after is not None:
             after(ctx, last)
     except Exception as err:  # mpilearn's own errors become statuses; others abort the job
-        return preempt.leave(exit_status(err, ctx.rank))
+        status = exit_status(err, ctx.rank)
+        if launches is not None:
+            launches.write(status)
+        return preempt.leave(status)
+    launches.write(0)
     # finished: a stop signal from here on (its exit takes seconds) has nothing to stop
     return preempt.leave(0)
 

@@ -34,7 +34,8 @@ def check_output(path: str) -> None:
 
 
 # what a run directory holds; --overwrite removes exactly these
-RUN_OUTPUTS = ("config.yaml", "metrics.jsonl", "checkpoints", "validation", "models", "test.json")
+RUN_OUTPUTS = ("config.yaml", "metrics.jsonl", "checkpoints", "validation", "models", "test.json",
+               "launches.jsonl", "report")
 # keys that a resumed run may change: how long, how often, where; not what is trained
 SAFE_ON_RESUME = {"output", "train.epochs", "train.max_steps_per_epoch", "train.validate_every",
                   "train.physics_events", "train.checkpoint_every_steps",
