@@ -1,8 +1,11 @@
-"""python -m mpilearn.report RUN_DIR [--price PER_DEVICE_HOUR]: what a sweep found, from its
-journal, and what it cost; for a training run's directory, what the run cost.
+"""python -m mpilearn.report RUN_DIR [--gpu-hour P] [--cpu-hour P] [--currency C] [--site S]:
+what a sweep found, from its journal, and what it cost; for a training run's directory, its
+curves, physics, throughput and cost (``train/report.py``).
 
-Cost: device-hours (ranks x wall seconds: GPU-hours, or CPU-rank-hours) per epoch, per trial,
-in total and up to the best trial; with --price (or the site profile's ``price``), in money.
+Cost (``hpo/cost.py``): device-hours by kind (GPU-hours, CPU-rank-hours) inside the trials
+and launched (every rank from its start to its end), per epoch, per trial, in total and up to
+the best trial; with a price per device kind (the options, or the site profile's ``price``),
+in money.
 
 Writes into RUN_DIR/report/:
 

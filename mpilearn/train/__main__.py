@@ -45,6 +45,7 @@ config keys (YAML; --set uses dotted names):
   output                     run directory (default runs/<model>-<time>)
 
 outputs in the run directory: config.yaml, metrics.jsonl (one line per epoch),
+launches.jsonl (each launch's wall time per rank: python -m mpilearn.report RUN),
 checkpoints/ (latest pointer + ckpt-eEEEE-sSSSSSSS.pt, best.pt), models/ (and models/best/).
 one writer: the run directory's .mpilearn.lock names the job that writes it; a second job
 exits 2 naming it (a requeued job takes its own lock back; a dead holder's is taken over).
