@@ -53,6 +53,9 @@ def test_a_runs_epochs_and_launches_record_device_hours_and_report_prices_them(t
     line = next(l for l in lines if l.startswith("cost: launched"))
     assert numbers(line)[0] == pytest.approx(launched, rel=1e-3)
     assert f"the epochs are {in_epochs / launched:.0%} of it" in line
+    line = next(l for l in lines if l.startswith("cost: launch 1:"))  # per rank
+    assert line.startswith("cost: launch 1: 2 cpu rank(s), each ") and line.endswith("(exit 0)")
+    assert numbers(line.split("each")[1])[0] == pytest.approx(min(launch["launched_s"]), abs=0.06)
     line = next(l for l in lines if l.startswith("cost: total"))
     assert numbers(line)[0] == pytest.approx(launched, rel=1e-3)
     assert numbers(line.split("=")[1])[0] == pytest.approx(launched * 2.5, rel=1e-3)

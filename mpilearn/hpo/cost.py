@@ -125,6 +125,10 @@ def run_summary(run_dir: str, price: Optional[Price]) -> dict:
     launched = by_kind((d, s / 3600) for l in launches
                        for d, s in zip(l["devices"], l["launched_s"])) if launches else None
     out = {"epochs": len(epochs), "in_epochs": in_epochs,
+           "per_launch": [{"launch": l["launch"], "ranks": l["ranks"], "exit": l["exit"],
+                           "devices": sorted(set(l["devices"])),
+                           "seconds": [min(l["launched_s"]), max(l["launched_s"])]}
+                          for l in launches],
            "per_epoch": [r["device_hours"] for r in epochs],
            "launches": len(launches), "launched": launched,
            "launched_per_rank_s": [l["launched_s"] for l in launches],
@@ -162,6 +166,12 @@ def run_lines(summary: dict, price: Optional[Price] = None) -> List[str]:
                      f"launch(es) (every rank from its start to its end: start-up, evaluation, "
                      f"checkpoints and export included)"
                      + (f"; the epochs are {share:.0%} of it" if share is not None else ""))
+        for l in summary["per_launch"]:
+            lo, hi = l["seconds"]
+            status = "running or killed" if l["exit"] is None else f"exit {l['exit']}"
+            lines.append(f"cost: launch {l['launch']}: {l['ranks']} {'+'.join(l['devices'])} "
+                         f"rank(s), each {lo:.1f}" + (f"-{hi:.1f}" if hi - lo >= 0.05 else "")
+                         + f" s from its start to its end ({status})")
     else:
         lines.append("cost: no launches.jsonl (a run from before it was kept): the launched "
                      "time is unknown; the total counts the epochs only")
