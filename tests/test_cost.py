@@ -153,3 +153,28 @@ def test_a_sweeps_journal_records_device_hours_and_report_sums_them(toy_file, tm
         sorted(r["device_hours"] for r in done))
     assert sorted(float(r["cost"]) for r in rows) == pytest.approx(
         sorted(3.0 * r["device_hours"] for r in done))
+
+
+def test_gpu_ranks_pay_the_gpu_rate_and_a_killed_sweep_job_counts_to_its_last_event(tmp_path):
+    """The kinds apart (no GPU on this machine: the records a GPU run writes), and a sweep job
+    killed before its job_end: its coordinator a CPU rank, its blocks its trials' kind."""
+    from mpilearn.hpo.cost import Price, run_lines, run_summary, sweep_launched
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text(json.dumps(
+        {"epoch": 1, "time": {}, "device": "gpu", "ranks": 2, "wall_s": 1800.0,
+         "device_hours": 1.0}) + "\n")
+    (run / "launches.jsonl").write_text(json.dumps(
+        {"launch": 1, "ranks": 2, "devices": ["gpu", "gpu"], "launched_s": [3600.0, 3600.0],
+         "exit": 0}) + "\n")
+    price = Price(gpu_hour=2.5, cpu_hour=0.05, currency="USD")
+    summary = run_summary(str(run), price)
+    assert summary["launched"] == {"gpu": 2.0} and summary["cost"] == pytest.approx(5.0)
+    assert run_lines(summary, price)[-1] == \
+        "cost: total 2 GPU-hours = 5 USD (2.5 USD per GPU-hour)"
+    events = [{"event": "job", "time": 100.0, "ranks": 3, "startup_s": [10.0, 20.0, 20.0]},
+              {"event": "done", "time": 1900.0, "key": "a"}]
+    hours = sweep_launched(events, "gpu")
+    assert hours == pytest.approx({"cpu": 1810 / 3600, "gpu": 2 * 1820 / 3600})
+    assert price.money(hours) == pytest.approx(1810 / 3600 * 0.05 + 2 * 1820 / 3600 * 2.5)
