@@ -98,10 +98,11 @@ def test_data_paths_that_are_not_files(toy_file, tmp_path):
     folder.mkdir()
     proc = mpirun(2, train_args("--set", f"model={MLP}", "--set", f"data.files=[{folder}]",
                                 "--output", str(tmp_path / "a")), timeout=120)
-    assert_bad_input(proc, f"data file {folder} is a directory: give the files in it")
+    assert_bad_input(proc, f"data.files: {folder} is a directory: give the files in it")
     proc = mpirun(2, train_args("--set", f"model={MLP}", "--set", f"data.files=[{folder}/*.h5]",
                                 "--output", str(tmp_path / "b")), timeout=120)
-    assert_bad_input(proc, f"the pattern {folder}/*.h5 matches no file")
+    # the key, not the garbled "data file the pattern ..." (issue 48)
+    assert_bad_input(proc, f"data.files: the pattern {folder}/*.h5 matches no file")
 
 
 def test_hdf5_key_that_is_a_group(tmp_path):

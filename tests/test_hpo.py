@@ -47,7 +47,12 @@ def test_space_encoding_and_validation():
                      ({"x": {"type": "real", "low": 2, "high": 1}}, "empty or inverted range"),
                      ({"x": {"type": "real", "low": 0, "high": 1, "log": True}}, "log range needs low > 0"),
                      ({"x": {"type": "float", "low": 0, "high": 1}}, "search.space.x.type"),
-                     ({"x": {"type": "categorical", "choices": []}}, "non-empty list")]:
+                     ({"x": {"type": "categorical", "choices": []}}, "non-empty list"),
+                     # typos get a did-you-mean, as every other key does (issue 48)
+                     ({"x": {"type": "rael", "low": 0, "high": 1}},
+                      r"search.space.x.type is 'rael' \(did you mean 'real'\?\); choose one of"),
+                     ({"x": {"type": "real", "low": 0, "hgih": 1}},
+                      r"search.space.x: unknown field\(s\) hgih \(did you mean 'high'\?\)")]:
         with pytest.raises(UsageError, match=msg):
             Space.from_config(bad)
 
@@ -300,6 +305,9 @@ def test_stop_signal_records_in_flight_trials_and_resume_auto_finishes(toy_file,
     stdout, stderr = job.communicate(timeout=120)
     assert job.returncode == 75, stderr
     assert "sweep stopped" in stdout
+    # one line per sweep, not one per fold (issue 48)
+    assert stdout.count(f"mpilearn: no sweep in {tmp_path / 'sweep'}; starting one") == 1, stdout
+    assert "starting fresh" not in stdout
     stop_lines = [l for l in stdout.splitlines() if "stopped by" in l]  # one, for every fold
     assert len(stop_lines) == 1 and stop_lines[0].startswith("mpilearn: stopped by SIGUSR1; "
                                                              "checkpoint "), stdout
@@ -312,6 +320,7 @@ def test_stop_signal_records_in_flight_trials_and_resume_auto_finishes(toy_file,
 
     proc = optimize(3, path, "--resume", "auto")
     assert proc.returncode == 0, proc.stderr
+    assert "starting fresh" not in proc.stdout and "starting one" not in proc.stdout
     events = read_jsonl(journal)
     done = [r["key"] for r in events if r["event"] == "done"]
     assert len(done) == 4 and len(set(done)) == 4 and interrupted <= set(done)

@@ -260,10 +260,10 @@ def test_the_price_is_per_device_kind_with_a_currency(tmp_path):
         with pytest.raises(Exception, match=".*") as err:
             jobs.load_site(str(site), {})
         assert message in str(err.value) and str(site) in str(err.value), (text, err.value)
-    # the old form: one number for both kinds, no currency, a warning that names the key
+    # the old form: one number, read as GPU-hours only (a CPU rank never pays a GPU's rate)
     site.write_text("price: 3.0\n")
     proc = subprocess.run([sys.executable, "-c", "from mpilearn.cluster.jobs import load_site; "
                            f"print(load_site({str(site)!r}, {{}})['price'])"],
                           capture_output=True, text=True, cwd=REPO)
-    assert "{'gpu_hour': 3.0, 'cpu_hour': 3.0, 'currency': ''}" in proc.stdout, proc.stderr
+    assert "{'gpu_hour': 3.0, 'cpu_hour': 0.0, 'currency': ''}" in proc.stdout, proc.stderr
     assert "'price: 3' (one number for every device-hour) is deprecated" in proc.stderr

@@ -3,6 +3,7 @@
 0.5 s after either) or straight to the ranks (what srun, Hydra and scancel deliver) end a real
 2-rank job at the next step with one line, exit 75, and --resume auto ends where an
 uninterrupted run ends, bitwise."""
+import glob
 import os
 import signal
 import subprocess
@@ -107,3 +108,30 @@ def test_a_rank_leaving_with_its_state_saved_is_not_killed_by_the_launchers_sign
     proc = subprocess.run([sys.executable, "-c", LEAVING], env=ENV, cwd=REPO, timeout=60,
                           capture_output=True, text=True)
     assert proc.returncode == 75, (proc.returncode, proc.stderr)
+
+
+def test_a_signal_after_the_last_epoch_leaves_the_finished_run_at_status_0(toy_file, tmp_path):
+    """Issue 48: a SIGINT to mpilearn-run as a run ended (its ranks tearing the interpreter
+    down, the default handlers back) killed them with the forwarded SIGUSR1, and the finished
+    run, models written, exited 75: 'requeue me'. The model file's ranks linger in that
+    teardown (tests/models/slow_exit.py) and say so, so the signal lands exactly there."""
+    marker, out = str(tmp_path / "exiting"), str(tmp_path / "run")
+    cmd = [sys.executable, "-m", "mpilearn.run", "-np", "2", "--mpi-args=--oversubscribe",
+           sys.executable, "-m", "mpilearn.train", "--no-progress",
+           "--set", f"model={REPO}/tests/models/slow_exit.py", "--set", f"data.files=[{toy_file}]",
+           "--set", "train.epochs=2", "--set", "train.max_steps_per_epoch=2",
+           "--set", f"hparams.exit_marker={marker}", "--output", out]
+    job = subprocess.Popen(cmd, cwd=REPO, env=ENV, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 120
+    while len(glob.glob(marker + ".*")) < 2 and job.poll() is None \
+            and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert job.poll() is None, job.communicate()[0]
+    job.send_signal(signal.SIGINT)
+    output, _ = job.communicate(timeout=120)
+    assert job.returncode == 0, output
+    assert "mpilearn: done after 2 epoch(s)" in output
+    assert "stopped by" not in output and "nothing saved" not in output
+    assert "mpilearn-run: SIGINT came as the job was ending; it had finished (status 0)" in output
+    assert os.path.exists(os.path.join(out, "models", "model.pt"))

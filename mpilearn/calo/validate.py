@@ -46,13 +46,13 @@ def prepare(args):
         checkpoint = resolve_checkpoint(args.checkpoint)
         config = run_config(checkpoint, args.config)
         load_builder(config["model"])
-    generated = expand_files(args.generated) if args.generated else None
+    generated = expand_files(args.generated, "--generated") if args.generated else None
     output = output_folder(args, checkpoint)
     if os.path.isfile(output):
         raise UsageError(f"--output {output} is a file, not a folder")
     if os.path.exists(output) and not args.overwrite:
         raise UsageError(f"--output {output} exists (give --overwrite to replace it)")
-    return checkpoint, config, expand_files(args.mc), generated
+    return checkpoint, config, expand_files(args.mc, "--mc"), generated
 
 
 def output_folder(args, checkpoint) -> str:

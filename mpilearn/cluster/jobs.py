@@ -293,7 +293,7 @@ def _stage(stage_dir: str, config: dict) -> None:
         print(f"mpilearn: removed {path} on {socket.gethostname()}, the stage of a job that "
               "no longer runs", flush=True)
     data = config["data"]
-    files, size = stage(expand_files(data["files"]) + expand_files(data["val_files"]), stage_dir)
+    files, size = stage(expand_files(data["files"]) + expand_files(data["val_files"], "data.val_files"), stage_dir)
     print(f"mpilearn: staged {files} file(s), {size / 2**20:.1f} MiB, to {stage_dir} on "
           f"{socket.gethostname()}", flush=True)
 

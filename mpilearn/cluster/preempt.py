@@ -14,6 +14,8 @@ Start-up: the CLIs install the handler before anything heavy is imported, and ea
 then creates ``<note>.<pid>`` beside the note file: ``mpilearn-run`` holds a stop signal back
 until every rank has said so (a SIGUSR1 kills a process with no handler). A signal that arrives
 before the first step ends the run once start-up is over (:class:`StoppedBeforeStart`).
+End: once the run's exit status is decided (done, stopped, bad input), :func:`leave` ignores
+further stop signals: one that lands after the last epoch never turns a finished run into 75.
 """
 from __future__ import annotations
 
@@ -59,17 +61,23 @@ def install() -> None:
             pass
 
 
-def leave() -> int:
-    """The status of a run stopped with its state saved, ignoring further SIGTERM and SIGUSR1
+def leave(status: int = REQUEUE_EXIT) -> int:
+    """``status``, the run's exit status once it is decided, ignoring further stop signals
     from here on. The run is leaving already; and once the first rank has exited 75, the
     launcher signals the slower ones (``srun --kill-on-bad-exit``, ``mpirun``): a signal that
     came after Python's last steps had put the default handler back killed a rank that was
-    exiting 75, and the job read as killed, not stopped. (SIGINT keeps its meaning: Ctrl-C
-    ends an exit that hangs.)"""
+    exiting 75, and the job read as killed, not stopped. A run that ended on its own (done,
+    bad input, stopped by its guard) has nothing left to stop: a SIGINT to ``mpilearn-run``
+    during its exit (seconds of interpreter teardown with torch loaded) killed the ranks with
+    the forwarded SIGUSR1, and a finished run read as "stopped, requeue me" (75). So SIGTERM
+    and SIGUSR1 are ignored, and SIGINT too unless the run stopped on a signal (there Ctrl-C
+    keeps its meaning: it ends an exit that hangs)."""
     if threading.current_thread() is threading.main_thread():
-        for sig in (signal.SIGTERM, signal.SIGUSR1):
+        ignored = (signal.SIGTERM, signal.SIGUSR1) + (
+            (signal.SIGINT,) if status != REQUEUE_EXIT else ())
+        for sig in ignored:
             signal.signal(sig, signal.SIG_IGN)
-    return REQUEUE_EXIT
+    return status
 
 
 def requested() -> Optional[int]:

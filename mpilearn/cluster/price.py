@@ -6,8 +6,8 @@ currency (``python -m mpilearn.report`` turns device-hours into money with it).
 ``gpu_hour`` prices one GPU for an hour (a rank on a GPU), ``cpu_hour`` one CPU rank for an
 hour (a rank without a GPU, with the cores it was given); a run's device (``gpu`` or ``cpu``,
 as mpilearn.hpo.cost records it) picks the rate. The old form, one number for every device
-(``price: 2.5``), still reads, as that number for both kinds and no currency, with a warning
-naming the key.
+(``price: 2.5``), still reads, as a GPU-hour price with no currency (a CPU rank is never
+charged a GPU's rate), with a warning naming the key.
 """
 from __future__ import annotations
 
@@ -29,9 +29,9 @@ def parse(value, source: str) -> dict:
     if old:
         sys.stderr.write(
             f"mpilearn: warning: {source}: 'price: {value:g}' (one number for every device-hour) "
-            f"is deprecated: it is read as price: {{gpu_hour: {value:g}, cpu_hour: {value:g}}} "
-            "with no currency; write price: {gpu_hour: ..., cpu_hour: ..., currency: USD}\n")
-        value = {"gpu_hour": float(value), "cpu_hour": float(value)}
+            f"is deprecated: it is read as price: {{gpu_hour: {value:g}}} (GPU-hours only) with "
+            "no currency; write price: {gpu_hour: ..., cpu_hour: ..., currency: USD}\n")
+        value = {"gpu_hour": float(value)}
     if not isinstance(value, dict):
         raise UsageError(f"{source}: 'price' must be a mapping such as {{gpu_hour: 2.5, "
                          f"cpu_hour: 0.05, currency: USD}}, got {value!r}")

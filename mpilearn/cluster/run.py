@@ -219,6 +219,9 @@ def launch(cmd: List[str], open_mpi: bool, ranks: int = 1) -> int:
         sys.stderr.write(f"mpilearn-run: stopped by {signal.Signals(seen[0]).name} before the "
                          "ranks listened for stop signals; nothing saved\n")
         return REQUEUE_EXIT
+    if seen and rc == 0:  # the ranks had finished: the signal had nothing left to stop
+        sys.stderr.write(f"mpilearn-run: {signal.Signals(seen[0]).name} came as the job was "
+                         "ending; it had finished (status 0)\n")
     return rc
 
 

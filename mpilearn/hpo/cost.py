@@ -1,22 +1,100 @@
-"""What a run or a sweep cost, in device-hours (ranks x wall seconds / 3600: GPU-hours on
-GPUs, CPU-rank-hours on CPUs) and, given a price per device-hour, in money.
+"""What a run or a sweep cost: device-hours by kind (GPU-hours on GPU ranks, CPU-rank-hours on
+CPU ranks), and in money at a price per device kind, with its currency.
 
-A training run's ``metrics.jsonl`` has ``device_hours`` per epoch; a sweep's journal has
-them per finished trial (its folds' ranks x wall, every session of each fold). The sweep's
-coordinator (one CPU rank, mostly idle) is not counted.
+Two counts, side by side:
+
+- **inside epochs**: a training run's epoch records (``device_hours``: ranks x the epoch's
+  wall seconds, training and validation), and a sweep's trials (their folds' ranks x wall,
+  every session of each fold: a fold's start-up, evaluation and checkpoints included);
+- **launched**: every rank's wall time from its process's start to its end (start-up,
+  evaluation, checkpoints, the test pass, the export; in a sweep also the coordinator and the
+  blocks' waits), which is what an allocation is paid for: ``launches.jsonl`` of a training
+  run (``train/launches.py``), the ``job`` and ``job_end`` events of a sweep's journal. Money
+  is charged on it, each rank at its own kind's price: a CPU rank never at the GPU rate.
+
+A sweep job killed before its ``job_end`` counts from its start to its last event, its
+coordinator as a CPU rank and the others as its trials' kind.
 """
 from __future__ import annotations
 
 import glob
 import os
-from typing import List, Optional
+from dataclasses import asdict, dataclass
+from typing import Dict, List, Optional
 
 from ..core.io import read_jsonl
+from ..errors import UsageError
+
+KINDS = ("gpu", "cpu")
+UNITS = {"gpu": "GPU-hours", "cpu": "CPU-rank-hours"}
 
 
 def unit(device: str) -> str:
-    return "GPU-hours" if device == "gpu" else "CPU-rank-hours"
+    return UNITS["gpu" if device == "gpu" else "cpu"]
 
+
+@dataclass(frozen=True)
+class Price:
+    """One GPU-hour (a GPU rank's hour) and one CPU-rank-hour (a CPU rank's hour, its cores
+    included), in ``currency``; 0: not priced."""
+    gpu_hour: float = 0.0
+    cpu_hour: float = 0.0
+    currency: str = ""
+
+    def per_hour(self, device: str) -> float:
+        return self.gpu_hour if device == "gpu" else self.cpu_hour
+
+    def money(self, hours: Dict[str, float]) -> Optional[float]:
+        """The price of ``hours`` (kind -> hours); None when a kind used has no price."""
+        used = [k for k, h in hours.items() if h > 0]
+        if not used or any(not self.per_hour(k) for k in used):
+            return None
+        return sum(hours[k] * self.per_hour(k) for k in used)
+
+    def rates(self, kinds) -> str:
+        """'2.5 USD per GPU-hour, 0.05 USD per CPU-rank-hour' for the kinds used."""
+        cur = f" {self.currency}" if self.currency else ""
+        return ", ".join(f"{self.per_hour(k):g}{cur} per {UNITS[k][:-1]}" if self.per_hour(k)
+                         else f"no price for {UNITS[k]}" for k in KINDS if k in kinds)
+
+
+def price_from_site(value) -> Optional[Price]:
+    """The site profile's ``price`` (the one place that reads it): ``{gpu_hour: 2.5,
+    cpu_hour: 0.05, currency: USD}``, any part left out. A bare number (the older form, "per
+    device-hour") prices GPU-hours only, so that CPU ranks are never charged the GPU rate.
+    None or 0: no price."""
+    if value is None or value == 0 or value == {}:
+        return None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return check_price(Price(gpu_hour=float(value)))
+    if not isinstance(value, dict):
+        raise UsageError(f"site: 'price' is {value!r}; give {{gpu_hour: 2.5, cpu_hour: 0.05, "
+                         "currency: USD}}")
+    unknown = sorted(set(value) - {"gpu_hour", "cpu_hour", "currency"})
+    if unknown:
+        from ..train.checks import did_you_mean
+
+        raise UsageError("site: price: unknown key(s) " + ", ".join(
+            u + did_you_mean(u, ("gpu_hour", "cpu_hour", "currency")) for u in map(str, unknown))
+            + "; price has gpu_hour, cpu_hour and currency")
+    for key in ("gpu_hour", "cpu_hour"):
+        v = value.get(key, 0.0)
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise UsageError(f"site: price.{key} is {v!r}: give a number (per hour)")
+    if not isinstance(value.get("currency", ""), str):
+        raise UsageError(f"site: price.currency is {value['currency']!r}: give a name, e.g. USD")
+    return check_price(Price(float(value.get("gpu_hour", 0.0)), float(value.get("cpu_hour", 0.0)),
+                             value.get("currency", "")))
+
+
+def check_price(price: Price) -> Optional[Price]:
+    for key in ("gpu_hour", "cpu_hour"):
+        if getattr(price, key) < 0:
+            raise UsageError(f"price.{key} must be 0 or more, got {getattr(price, key):g}")
+    return price if price.gpu_hour or price.cpu_hour else None
+
+
+# -- a training run ----------------------------------------------------------------------
 
 def run_epochs(run_dir: str) -> List[dict]:
     """The epoch records of a run that carry a cost (older runs have none)."""
@@ -26,31 +104,83 @@ def run_epochs(run_dir: str) -> List[dict]:
     return [r for r in read_jsonl(path) if "epoch" in r and "device_hours" in r]
 
 
-def _money(hours: float, price: Optional[float]) -> str:
-    return f" = {hours * price:.4g} at {price:g} per device-hour" if price else ""
+def run_launches(run_dir: str) -> List[dict]:
+    path = os.path.join(run_dir, "launches.jsonl")
+    return read_jsonl(path) if os.path.exists(path) else []
 
 
-def run_summary(run_dir: str, price: Optional[float]) -> dict:
-    epochs = run_epochs(run_dir)
-    hours = sum(r["device_hours"] for r in epochs)
-    device = epochs[-1]["device"] if epochs else "cpu"
-    out = {"device": device, "epochs": len(epochs), "device_hours": hours,
-           "per_epoch": [r["device_hours"] for r in epochs]}
-    if price:
-        out.update(price=price, cost=hours * price,
-                   cost_per_epoch=hours * price / len(epochs) if epochs else None)
+def by_kind(pairs) -> Dict[str, float]:
+    """(kind, hours) pairs summed per kind."""
+    out: Dict[str, float] = {}
+    for kind, hours in pairs:
+        k = "gpu" if kind == "gpu" else "cpu"
+        out[k] = out.get(k, 0.0) + hours
     return out
 
 
-def run_lines(summary: dict) -> List[str]:
-    n, hours, price = summary["epochs"], summary["device_hours"], summary.get("price")
-    if not n:
-        return ["cost: no epoch records with device_hours (a run from before they were kept)"]
-    u = unit(summary["device"])
-    return [f"cost: {hours:.4g} {u} over {n} epoch(s), {hours / n:.4g} per epoch"
-            f"{_money(hours / n, price)}",
-            f"cost: total {hours:.4g} {u}{_money(hours, price)}"]
+def run_summary(run_dir: str, price: Optional[Price]) -> dict:
+    epochs = run_epochs(run_dir)
+    launches = run_launches(run_dir)
+    in_epochs = by_kind((r.get("device", "cpu"), r["device_hours"]) for r in epochs)
+    launched = by_kind((d, s / 3600) for l in launches
+                       for d, s in zip(l["devices"], l["launched_s"])) if launches else None
+    out = {"epochs": len(epochs), "in_epochs": in_epochs,
+           "per_launch": [{"launch": l["launch"], "ranks": l["ranks"], "exit": l["exit"],
+                           "devices": sorted(set(l["devices"])),
+                           "seconds": [min(l["launched_s"]), max(l["launched_s"])]}
+                          for l in launches],
+           "per_epoch": [r["device_hours"] for r in epochs],
+           "launches": len(launches), "launched": launched,
+           "launched_per_rank_s": [l["launched_s"] for l in launches],
+           "share_in_epochs": (sum(in_epochs.values()) / sum(launched.values())
+                               if launched and sum(launched.values()) else None)}
+    if price:
+        out.update(price=asdict(price), cost=price.money(launched or in_epochs))
+    return out
 
+
+def hours_text(hours: Dict[str, float]) -> str:
+    parts = [f"{hours[k]:.4g} {UNITS[k]}" for k in KINDS if hours.get(k)]
+    return " + ".join(parts) or f"0 {UNITS['cpu']}"
+
+
+def _money(hours: Dict[str, float], price: Optional[Price]) -> str:
+    if not price:
+        return ""
+    amount = price.money(hours)
+    rates = price.rates(hours)
+    cur = f" {price.currency}" if price.currency else ""
+    return f" = {amount:.4g}{cur} ({rates})" if amount is not None else f" ({rates})"
+
+
+def run_lines(summary: dict, price: Optional[Price] = None) -> List[str]:
+    n, in_epochs, launched = summary["epochs"], summary["in_epochs"], summary["launched"]
+    if not n and not launched:
+        return ["cost: no epoch records with device_hours (a run from before they were kept)"]
+    total = sum(in_epochs.values())
+    lines = [f"cost: inside epochs {hours_text(in_epochs)} over {n} epoch(s), "
+             f"{total / max(n, 1):.4g} per epoch"]
+    if launched:
+        share = summary["share_in_epochs"]
+        lines.append(f"cost: launched {hours_text(launched)} over {summary['launches']} "
+                     f"launch(es) (every rank from its start to its end: start-up, evaluation, "
+                     f"checkpoints and export included)"
+                     + (f"; the epochs are {share:.0%} of it" if share is not None else ""))
+        for l in summary["per_launch"]:
+            lo, hi = l["seconds"]
+            status = "running or killed" if l["exit"] is None else f"exit {l['exit']}"
+            lines.append(f"cost: launch {l['launch']}: {l['ranks']} {'+'.join(l['devices'])} "
+                         f"rank(s), each {lo:.1f}" + (f"-{hi:.1f}" if hi - lo >= 0.05 else "")
+                         + f" s from its start to its end ({status})")
+    else:
+        lines.append("cost: no launches.jsonl (a run from before it was kept): the launched "
+                     "time is unknown; the total counts the epochs only")
+    lines.append(f"cost: total {hours_text(launched or in_epochs)}"
+                 f"{_money(launched or in_epochs, price)}")
+    return lines
+
+
+# -- a sweep -------------------------------------------------------------------------------
 
 def trial_epochs(run_dir: str, key: str) -> int:
     """Epochs a trial trained: its folds' epoch records (fold dirs run side by side count
@@ -59,52 +189,96 @@ def trial_epochs(run_dir: str, key: str) -> int:
                for p in glob.glob(os.path.join(run_dir, "trials", key, "fold*", "metrics.jsonl")))
 
 
+def sweep_launched(events: list, trial_kind: str) -> Optional[Dict[str, float]]:
+    """Every job's ranks x their wall time, by kind, from its 'job' (start-up seconds) and
+    'job_end' (launched seconds, devices) events; a job killed before its end counts to its
+    last event. None for a journal from before jobs recorded their ranks."""
+    jobs, pairs = [], []
+    for e in events:
+        if e["event"] == "job":
+            jobs.append({"start": e, "last": e["time"], "end": None})
+        elif jobs:
+            jobs[-1]["last"] = e["time"]
+            if e["event"] == "job_end":
+                jobs[-1]["end"] = e
+    if not jobs or any("startup_s" not in j["start"] for j in jobs):
+        return None
+    for j in jobs:
+        if j["end"] is not None:
+            pairs += [(d, s / 3600) for d, s in zip(j["end"]["devices"], j["end"]["launched_s"])]
+        else:
+            span = j["last"] - j["start"]["time"]
+            pairs += [("cpu" if r == 0 else trial_kind, (s + span) / 3600)
+                      for r, s in enumerate(j["start"]["startup_s"])]
+    return by_kind(pairs)
+
+
 def sweep_summary(run_dir: str, rows: list, events: list, best: Optional[dict],
-                  price: Optional[float]) -> dict:
+                  price: Optional[Price]) -> dict:
     """Per trial and in total; and what reaching the best trial's quality took: the
     device-hours of every trial finished by then, and the seconds since the sweep began."""
-    costs = {e["key"]: e for e in events
-             if e["event"] in ("done", "failed", "pruned") and "device_hours" in e}
+    ends = ("done", "failed", "pruned")
+    costs = {e["key"]: e for e in events if e["event"] in ends and "device_hours" in e}
     for r in rows:
-        r["device_hours"] = costs[r["key"]]["device_hours"] if r["key"] in costs else None
-    counted = [e for e in events if e["event"] in ("done", "failed", "pruned")
-               and "device_hours" in e]
-    total = sum(e["device_hours"] for e in counted)
-    device = "gpu" if any(e.get("device") == "gpu" for e in counted) else "cpu"
+        c = costs.get(r["key"])
+        r["device_hours"] = c["device_hours"] if c else None
+        r["cost"] = price.money({c.get("device", "cpu"): c["device_hours"]}) \
+            if c and price else None
+    counted = [e for e in events if e["event"] in ends and "device_hours" in e]
+    trials = by_kind((e.get("device", "cpu"), e["device_hours"]) for e in counted)
+    total = sum(trials.values())
+    kind = "gpu" if trials.get("gpu") else "cpu"
     epochs = sum(trial_epochs(run_dir, e["key"]) for e in counted)
-    out = {"device": device, "device_hours": total, "trials_costed": len(counted),
-           "epochs": epochs, "per_trial": total / len(counted) if counted else None,
-           "per_epoch": total / epochs if epochs else None, "to_best": None}
+    launched = sweep_launched(events, kind)
+    out = {"device": kind, "trials_hours": trials, "device_hours": total,
+           "trials_costed": len(counted), "epochs": epochs,
+           "per_trial": total / len(counted) if counted else None,
+           "per_epoch": total / epochs if epochs else None, "launched": launched,
+           "share_in_trials": total / sum(launched.values())
+           if launched and sum(launched.values()) else None, "to_best": None}
     if best is not None and best["key"] in costs:
         t0 = events[0]["time"] if events else 0.0
         upto = costs[best["key"]]["time"]
-        hours = sum(e["device_hours"] for e in counted if e["time"] <= upto)
-        out["to_best"] = {"trial": best["trial"], "device_hours": hours, "seconds": upto - t0}
+        hours = by_kind((e.get("device", "cpu"), e["device_hours"]) for e in counted
+                        if e["time"] <= upto)
+        out["to_best"] = {"trial": best["trial"], "device_hours": sum(hours.values()),
+                          "hours": hours, "seconds": upto - t0}
     if price:
-        out["price"] = price
-        out["cost"] = total * price
+        out["price"] = asdict(price)
+        out["cost"] = price.money(launched or trials)
+        out["cost_trials"] = price.money(trials)
         for key in ("per_trial", "per_epoch"):
-            out[f"cost_{key}"] = out[key] * price if out[key] is not None else None
+            out[f"cost_{key}"] = price.money({kind: out[key]}) if out[key] is not None else None
         if out["to_best"]:
-            out["to_best"]["cost"] = out["to_best"]["device_hours"] * price
+            out["to_best"]["cost"] = price.money(out["to_best"]["hours"])
     return out
 
 
-def sweep_lines(s: dict) -> List[str]:
+def sweep_lines(s: dict, price: Optional[Price] = None) -> List[str]:
     if not s["trials_costed"]:
         return ["cost: no finished trial records device_hours (a sweep from before they were "
                 "kept)"]
-    u, price = unit(s["device"]), s.get("price")
+    kind = s["device"]
     lines = []
     if s["per_epoch"] is not None:
-        lines.append(f"cost: {s['per_epoch']:.4g} {u} per epoch ({s['epochs']} epoch(s))"
-                     f"{_money(s['per_epoch'], price)}")
-    lines.append(f"cost: {s['per_trial']:.4g} {u} per trial ({s['trials_costed']} trial(s))"
-                 f"{_money(s['per_trial'], price)}")
-    lines.append(f"cost: total {s['device_hours']:.4g} {u}{_money(s['device_hours'], price)}")
+        lines.append(f"cost: {s['per_epoch']:.4g} {unit(kind)} per epoch ({s['epochs']} "
+                     f"epoch(s)){_money({kind: s['per_epoch']}, price)}")
+    lines.append(f"cost: {s['per_trial']:.4g} {unit(kind)} per trial ({s['trials_costed']} "
+                 f"trial(s), each fold from its start to its end)"
+                 f"{_money({kind: s['per_trial']}, price)}")
+    launched = s["launched"]
+    if launched:
+        lines.append(f"cost: trials {hours_text(s['trials_hours'])} of {hours_text(launched)} "
+                     f"launched ({s['share_in_trials']:.0%}; the rest: the ranks' start-up, "
+                     "the coordinator, blocks waiting for trials)")
+    else:
+        lines.append("cost: the journal records no job's ranks (a sweep from before they were "
+                     "kept): the total counts the trials only")
+    lines.append(f"cost: total {hours_text(launched or s['trials_hours'])}"
+                 f"{_money(launched or s['trials_hours'], price)}")
     b = s["to_best"]
     if b:
         lines.append(f"cost: reaching the best trial's quality (trial {b['trial']}) took "
-                     f"{b['device_hours']:.4g} {u}{_money(b['device_hours'], price)} and "
+                     f"{hours_text(b['hours'])}{_money(b['hours'], price)} and "
                      f"{b['seconds']:.0f} s of the sweep")
     return lines

@@ -186,7 +186,8 @@ def _run_fold(config: dict, point: dict, fold: int, ctx, output: str, obj: dict,
             deadline = session + search["trial_timeout"] if search["trial_timeout"] > 0 else None
             # a fold directory exists only for a trial run again (interrupted): continue it
             trainer = Trainer(trial, ctx, output=output, progress=False, events=events,
-                              deadline=deadline, resume="auto", force=force)
+                              deadline=deadline, resume="auto", force=force,
+                              announce_fresh=False)
             trainer.announce_stop = False  # the sweep says it once, for every fold
             if on_epoch is not None:
                 from ..train.callbacks import Report

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 
 from ..cluster.launcher import RankZeroArgumentParser
 from ..core import comm as mcomm
@@ -110,7 +111,7 @@ def plan(config: dict, world_size: int, resume, force: bool = False) -> dict:
         files = EventFiles(expand_files(config["data"]["files"]), task.keys, task.optional_keys)
         if hasattr(task, "check_files"):
             task.check_files(files)
-        test = set(map(os.path.abspath, expand_files(s["test_files"])))
+        test = set(map(os.path.abspath, expand_files(s["test_files"], "search.test_files")))
         overlap = test & set(map(os.path.abspath, files.paths))
         if overlap:
             raise UsageError(f"test file(s) in data.files: {', '.join(sorted(overlap))}; the "
@@ -127,7 +128,9 @@ def plan(config: dict, world_size: int, resume, force: bool = False) -> dict:
     if resume == "latest" and not os.path.exists(journal):
         raise UsageError(f"--resume: no sweep in {output} (no {journal}); --resume auto starts "
                          "one when there is none")
-    notes = identity.check(output, config, force) if os.path.exists(journal) else []
+    # one line per sweep: its folds start fresh without saying so, each one
+    notes = identity.check(output, config, force) if os.path.exists(journal) else \
+        [f"mpilearn: no sweep in {output}; starting one"] if resume == "auto" else []
     return {"output": output, "n_events": n_events, "notes": notes, "force": force,
             "objective": parts["objective"], "searcher": parts["searcher"],
             "pruner": parts["pruner"], "warm_start": warm}
@@ -194,9 +197,9 @@ def warm_start(run_dirs) -> list:
     return records
 
 
-def run_block(config: dict, role, world, info: dict) -> None:
+def run_block(config: dict, role, world, info: dict) -> str:
     """Every non-coordinator rank: take trials from the coordinator until told to stop
-    (no trial left, or a stop signal)."""
+    (no trial left, or a stop signal). Returns the kind of device it trained on."""
     from . import objective
 
     s = config["search"]
@@ -222,7 +225,7 @@ def run_block(config: dict, role, world, info: dict) -> None:
         mcomm.wait_idle(block_comm)
         trial = block_comm.bcast(trial, root=0)
         if trial is None:
-            return
+            return "gpu" if str(ctx.device).startswith("cuda") else "cpu"
         folds = []
         for fold in my_folds:
             out = os.path.join(info["output"], "trials", trial["key"], f"fold{fold}")
@@ -344,8 +347,14 @@ def main(argv=None) -> int:
         info = world.bcast(start(planned, config) if ctx.rank == 0 else None, root=0)
         for note in info["notes"] if ctx.rank == 0 else ():
             print(note, flush=True)
+        # what the job costs from here is every rank's wall time: start-up so far, then
+        # the time since (journalled as 'job', then 'job_end'; hpo/cost.py)
+        from ..train.launches import process_age
+
+        startup = world.gather(process_age(), root=0)
+        launched_at = time.monotonic()
     except Exception as err:  # mpilearn's own errors become statuses; others abort the job
-        return exit_status(err, ctx.rank)
+        return preempt.leave(exit_status(err, ctx.rank))
     s = config["search"]
     failure = None
     role = layout.role(world.Get_rank(), world.Get_size(), s["blocks"], s["folds"],
@@ -361,14 +370,23 @@ def main(argv=None) -> int:
         coordinator = Coordinator(world, config, planned["searcher"], journal, state, s["blocks"],
                                   progress=not args.no_progress, pruner=planned["pruner"],
                                   objective=obj, warm_start=planned["warm_start"],
-                                  config_id=info["config"])
+                                  config_id=info["config"],
+                                  launch={"ranks": world.Get_size(), "startup_s": startup})
         state = coordinator.run()
         print(summary(state, obj, coordinator, info["output"]), flush=True)
         failure = no_success(state, info["output"])
+        device = "cpu"  # the coordinator holds no device
     else:
-        run_block(config, role, world, info)
+        device = run_block(config, role, world, info)
     # every rank leaves with the same status: 75 (requeue me) if any rank saw a stop signal
     stopped = world.allreduce(preempt.mask(), op=mcomm.mpi().BOR)
+    devices = world.gather(device, root=0)
+    if ctx.rank == 0:  # the journal's one writer (the coordinator) closes the job's cost
+        from .journal import Journal
+
+        now = time.monotonic() - launched_at
+        Journal(os.path.join(info["output"], "journal.jsonl")).write(
+            "job_end", devices=devices, launched_s=[round(a + now, 3) for a in startup])
     if stopped and ctx.rank == 0:
         journal = os.path.join(info["output"], "journal.jsonl")
         print(f"mpilearn: stopped by {preempt.describe(stopped)}; checkpoint {journal} (each "
@@ -376,7 +394,8 @@ def main(argv=None) -> int:
     if stopped:
         return preempt.leave()
     failure = world.bcast(failure, root=0)  # every rank leaves with the status
-    return exit_status(SweepFailed(failure), ctx.rank) if failure else 0
+    # decided: a stop signal during the exit must not turn it into 75 (preempt.leave)
+    return preempt.leave(exit_status(SweepFailed(failure), ctx.rank) if failure else 0)
 
 
 if __name__ == "__main__":

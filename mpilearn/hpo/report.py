@@ -1,8 +1,11 @@
-"""python -m mpilearn.report RUN_DIR [--price PER_DEVICE_HOUR]: what a sweep found, from its
-journal, and what it cost; for a training run's directory, what the run cost.
+"""python -m mpilearn.report RUN_DIR [--gpu-hour P] [--cpu-hour P] [--currency C] [--site S]:
+what a sweep found, from its journal, and what it cost; for a training run's directory, its
+curves, physics, throughput and cost (``train/report.py``).
 
-Cost: device-hours (ranks x wall seconds: GPU-hours, or CPU-rank-hours) per epoch, per trial,
-in total and up to the best trial; with --price (or the site profile's ``price``), in money.
+Cost (``hpo/cost.py``): device-hours by kind (GPU-hours, CPU-rank-hours) inside the trials
+and launched (every rank from its start to its end), per epoch, per trial, in total and up to
+the best trial; with a price per device kind (the options, or the site profile's ``price``),
+in money.
 
 Writes into RUN_DIR/report/:
 
@@ -15,7 +18,8 @@ Writes into RUN_DIR/report/:
 - ``convergence.png``: every trial's value and the best so far, by trial number;
 - ``parameters.png``: the objective against each parameter (log axes for log-scale parameters,
   integer ticks for integer ones);
-- ``intermediate.png``: each trial's per-epoch value (mean over its folds), pruned ones marked;
+- ``intermediate.png``: each trial's per-epoch value (mean over its folds), pruned ones marked
+  (not drawn, and said so, when no trial reported one: a sweep without a pruner);
 - ``importance.png``: parameter importance (a random forest's impurity importance, scikit-learn);
 - ``pareto.png`` (several objectives): every trial in the first two objectives, the front joined;
 - ``utilisation.png``: the block timeline; utilisation counts only the time jobs ran (the gaps
@@ -29,6 +33,7 @@ import json
 import os
 import sys
 from collections import Counter
+from dataclasses import asdict
 
 import numpy as np
 
@@ -126,9 +131,14 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m mpilearn.report", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("run_dir")
-    p.add_argument("--price", type=float, metavar="PER_DEVICE_HOUR",
-                   help="price of one device-hour (a GPU, or a CPU rank): costs in money")
-    p.add_argument("--site", help="site profile (YAML) whose 'price' is used without --price")
+    p.add_argument("--gpu-hour", type=float, metavar="PRICE",
+                   help="price of one GPU-hour (a GPU rank's hour): costs in money")
+    p.add_argument("--cpu-hour", type=float, metavar="PRICE",
+                   help="price of one CPU-rank-hour (a CPU rank's hour, its cores included)")
+    p.add_argument("--currency", default=None, help="the prices' currency, e.g. USD")
+    p.add_argument("--price", help=argparse.SUPPRESS)  # the old one-number form: refused
+    p.add_argument("--site", help="site profile (YAML) whose 'price' ({gpu_hour, cpu_hour, "
+                                  "currency}) is used where the options above are not given")
     args = p.parse_args(argv)
     try:
         price = _price(args)
@@ -137,9 +147,9 @@ def main(argv=None) -> int:
         return 2
     if not os.path.exists(os.path.join(args.run_dir, "journal.jsonl")):
         if os.path.exists(os.path.join(args.run_dir, "metrics.jsonl")):  # a training run
-            summary = cost.run_summary(args.run_dir, price)
-            print("\n".join(cost.run_lines(summary)))
-            return 0
+            from ..train.report import report_run
+
+            return report_run(args.run_dir, price)
         sys.stderr.write(f"mpilearn: error: {args.run_dir}: neither journal.jsonl (a sweep) "
                          "nor metrics.jsonl (a training run) found\n")
         return 2
@@ -160,11 +170,12 @@ def main(argv=None) -> int:
     with open(os.path.join(out, "trials.csv"), "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["trial", "key", "status", "value", "values", "std", "fold_values",
-                    "pruned_at_step", "wall_s", "device_hours", "origin", *names, "reason"])
+                    "pruned_at_step", "wall_s", "device_hours", "cost", "origin", *names,
+                    "reason"])
         for r in rows:
             w.writerow([r["trial"], r["key"], r["status"], r["value"], json.dumps(r["values"]),
                         r["std"], json.dumps(r["fold_values"]), r["step"], r["wall"],
-                        r["device_hours"],
+                        r["device_hours"], r["cost"],
                         r["origin"], *[r["params"].get(n) for n in names],
                         r["reason"].splitlines()[0] if r["reason"] else ""])
     front = pareto_front(rows, signs) if n_obj > 1 else []
@@ -178,8 +189,9 @@ def main(argv=None) -> int:
                "origins": dict(Counter(r["origin"] or "requeued" for r in rows)),
                "refit": refit(args.run_dir), "cost": costs}
     atomic_write_text(os.path.join(out, "best.json"), json.dumps(summary, indent=2))
-    plots(out, rows, done, names, space, directions, signs, front, spans, util, weights, events,
-          objective_labels(args.run_dir, directions))
+    skipped = plots(out, rows, done, names, space, directions, signs, front, spans, util,
+                    weights, events, objective_labels(args.run_dir, directions),
+                    _search_config(args.run_dir).get("pruner", "none"))
     if best:
         print(f"best {best['value']:.6g} +- {best['std']:.2g}: {best['params']} "
               f"(trial {best['trial']})")
@@ -191,32 +203,48 @@ def main(argv=None) -> int:
                   if k.startswith("test_") and isinstance(v, float)}
         print(f"refit: {r['output']} (trial {r['trial']}"
               + "".join(f"; {k} {v:.5g}" for k, v in scores.items()) + ")")
-    print("\n".join(cost.sweep_lines(costs)))
+    print("\n".join(cost.sweep_lines(costs, price)))
+    for name, why in skipped.items():
+        print(f"{name}: not drawn: {why}")
     print(f"{len(rows)} trials; report in {out}")
     return 0
 
 
-def _price(args) -> float | None:
-    """--price, else the site profile's price (0: none)."""
+def _price(args):
+    """The price per device kind: --gpu-hour/--cpu-hour/--currency over the site
+    profile's ``price`` (``cost.price_from_site``); None: none."""
     if args.price is not None:
-        if args.price < 0:
-            raise UsageError(f"--price must be 0 or more, got {args.price}")
-        return args.price or None
+        raise UsageError("--price is per device kind now: give --gpu-hour and/or --cpu-hour "
+                         "(and --currency), or a site profile's price: {gpu_hour, cpu_hour, "
+                         "currency}")
+    site = {}
     if args.site:
         from ..cluster.jobs import load_site
 
-        # (one rate until the report prices each device kind: cluster/price.py per_hour)
-        return load_site(args.site, {})["price"]["gpu_hour"] or None
-    return None
+        if not os.path.isfile(args.site):
+            raise UsageError(f"--site {args.site}: no such file")
+        # the site profile's checked price ({gpu_hour, cpu_hour, currency}: cluster/price.py)
+        found = cost.price_from_site(load_site(args.site, {})["price"])
+        site = asdict(found) if found else {}
+    given = {"gpu_hour": args.gpu_hour, "cpu_hour": args.cpu_hour, "currency": args.currency}
+    for key in ("gpu_hour", "cpu_hour"):
+        if given[key] is not None and given[key] < 0:
+            raise UsageError(f"--{key.replace('_', '-')} must be 0 or more, got {given[key]:g}")
+    merged = {**site, **{k: v for k, v in given.items() if v is not None}}
+    return cost.price_from_site(merged) if merged else None
+
+
+def _search_config(run_dir: str) -> dict:
+    """The sweep's ``search`` section as saved in its run directory ({} if none)."""
+    from ..core.config import load_file
+
+    path = os.path.join(run_dir, "config.yaml")
+    return (load_file(path).get("search") or {}) if os.path.exists(path) else {}
 
 
 def objective_labels(run_dir: str, directions) -> list:
     """Each objective's axis label: its metric (or function) and mode, and the direction."""
-    from ..core.config import load_file
-
-    path = os.path.join(run_dir, "config.yaml")
-    obj = ((load_file(path).get("search") or {}).get("objective") or {}
-           if os.path.exists(path) else {})
+    obj = _search_config(run_dir).get("objective") or {}
     if obj.get("function"):
         metrics = [f"{obj['function']}()"] * len(directions)
     else:
@@ -228,7 +256,8 @@ def objective_labels(run_dir: str, directions) -> list:
 
 
 def plots(out, rows, done, names, space, directions, signs, front, spans, util, weights, events,
-          labels=None):
+          labels=None, pruner="none") -> dict:
+    """Draws the plots into ``out``; returns {file: why} for those not drawn."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -270,34 +299,39 @@ def plots(out, rows, done, names, space, directions, signs, front, spans, util, 
         else:
             ax.scatter(xs, ys, s=14)
             if spec is not None and spec.log:
-                from matplotlib.ticker import NullFormatter
-
-                ax.set_xscale("log")
-                ax.xaxis.set_minor_formatter(NullFormatter())  # labelled minor ticks overlap
+                log_axis(ax, spec.low, spec.high)
             if spec is not None and spec.type == "int":
                 ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set(xlabel=name, ylabel=label)
     fig.suptitle(f"objective {label} vs each parameter")
     save(fig, "parameters.png")
 
-    fig, ax = plt.subplots(figsize=(7, 4.5))
     curves = {}
     for e in events:
         if e["event"] == "progress":
             curves.setdefault(e["key"], {}).setdefault(e["epoch"], []).append(e["value"])
-    status = {r["key"]: r["status"] for r in rows}
-    for key, by_step in curves.items():
-        steps = sorted(by_step)
-        pruned = status.get(key) == "pruned"
-        ax.plot(steps, [np.mean(by_step[s]) for s in steps], "-", lw=1,
-                color="tab:red" if pruned else "tab:blue", alpha=0.6)
-    ax.plot([], [], color="tab:blue", label="complete")
-    ax.plot([], [], color="tab:red", label="pruned")
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set(xlabel="epoch (step)", ylabel="value (mean over folds)",
-           title="intermediate values" + ("" if curves else ": none reported (no pruner)"))
-    ax.legend()
-    save(fig, "intermediate.png")
+    skipped = {}
+    if curves:
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        status = {r["key"]: r["status"] for r in rows}
+        for key, by_step in curves.items():
+            steps = sorted(by_step)
+            pruned = status.get(key) == "pruned"
+            ax.plot(steps, [np.mean(by_step[s]) for s in steps], "-", lw=1,
+                    color="tab:red" if pruned else "tab:blue", alpha=0.6)
+        ax.plot([], [], color="tab:blue", label="complete")
+        ax.plot([], [], color="tab:red", label="pruned")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set(xlabel="epoch (step)", ylabel="value (mean over folds)",
+               title="intermediate values")
+        ax.legend()
+        save(fig, "intermediate.png")
+    else:  # an empty plot with made-up ticks says less than a line
+        path = os.path.join(out, "intermediate.png")
+        if os.path.exists(path):  # an older report's
+            os.unlink(path)
+        skipped["intermediate.png"] = "no intermediate values" + (
+            " (no pruner)" if pruner == "none" else " reported yet")
 
     fig, ax = plt.subplots(figsize=(6, 0.5 * max(2, len(names)) + 1.5))
     if weights:
@@ -319,14 +353,49 @@ def plots(out, rows, done, names, space, directions, signs, front, spans, util, 
         save(fig, "pareto.png")
 
     fig, ax = plt.subplots(figsize=(9, 0.6 * max(2, len(spans)) + 1.5))
+    draw_utilisation(ax, spans, util)
+    save(fig, "utilisation.png")
+    return skipped
+
+
+def draw_utilisation(ax, spans: dict, util) -> None:
+    """The block timeline: one row per block (integer ticks, one per block up to 20), each
+    trial a bar with a white edge, so that back-to-back trials stay apart."""
+    from matplotlib.ticker import MaxNLocator
+
     t0 = min((s for v in spans.values() for s, _ in v), default=0)
     for block, intervals in sorted(spans.items()):
-        ax.broken_barh([(s - t0, e - s) for s, e in intervals], (block - 0.4, 0.8))
-    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.broken_barh([(s - t0, e - s) for s, e in intervals], (block - 0.4, 0.8),
+                       edgecolor="white", linewidth=0.5)
+    blocks = sorted(spans) or [0]
+    if len(blocks) <= 20:
+        ax.set_yticks(blocks)
+    else:
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_ylim(blocks[-1] + 0.6, blocks[0] - 0.6)  # block 0 on top, as a timeline reads
     ax.set(xlabel="seconds since the first trial", ylabel="block",
            title=f"block utilisation {util:.1%} (while jobs ran)" if util is not None
            else "block utilisation")
-    save(fig, "utilisation.png")
+
+
+def log_axis(ax, low: float, high: float) -> None:
+    """A log x axis a reader can read over a log parameter's range (``low``..``high``): its
+    limits, and labelled ticks at 1-2-5 (under three decades; every digit under one decade)
+    instead of the one power of ten a narrow range holds."""
+    import math
+
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    ax.set_xscale("log")
+    decades = math.log10(high / low)
+    subs = (1.0,) if decades > 3 else (1.0, 2.0, 5.0) if decades >= 1 else \
+        tuple(float(d) for d in range(1, 10))
+    ax.xaxis.set_major_locator(LogLocator(base=10, subs=subs))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:g}"))
+    ax.xaxis.set_minor_formatter(NullFormatter())  # labelled minor ticks overlap
+    pad = (high / low) ** 0.04
+    ax.set_xlim(low / pad, high * pad)
+
 
 
 if __name__ == "__main__":

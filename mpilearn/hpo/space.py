@@ -23,6 +23,7 @@ import numpy as np
 from ..errors import UsageError
 
 TYPES = ("real", "int", "categorical")
+FIELDS = ("type", "low", "high", "log", "choices", "default")
 
 
 @dataclass
@@ -68,17 +69,22 @@ class Space:
         them would tune nothing, and is bad input."""
         if not isinstance(spec, dict) or not spec:
             raise UsageError(f"{where} must be a non-empty mapping of parameters")
+        from ..train.checks import did_you_mean
+
         params = []
         for name, p in spec.items():
             key = f"{where}.{name}"
             if not isinstance(p, dict):
                 raise UsageError(f"{key} must be a mapping with 'type'")
-            unknown = set(p) - {"type", "low", "high", "log", "choices", "default"}
+            unknown = sorted(map(str, set(p) - set(FIELDS)))
             if unknown:
-                raise UsageError(f"{key}: unknown field(s) {', '.join(sorted(unknown))}")
+                raise UsageError(f"{key}: unknown field(s) "
+                                 + ", ".join(u + did_you_mean(u, FIELDS) for u in unknown)
+                                 + f"; a parameter's fields are {', '.join(FIELDS)}")
             kind = p.get("type")
             if kind not in TYPES:
-                raise UsageError(f"{key}.type is {kind!r}; choose one of {', '.join(TYPES)}")
+                raise UsageError(f"{key}.type is {kind!r}{did_you_mean(str(kind), TYPES)}; "
+                                 f"choose one of {', '.join(TYPES)}")
             default = p.get("default", _lookup(defaults or {}, name))
             if kind == "categorical":
                 choices = p.get("choices")
@@ -100,8 +106,6 @@ class Space:
         for name in spec:
             top = name.split(".")[0]
             if known and top not in known:
-                from ..train.checks import did_you_mean
-
                 raise UsageError(f"{where}.{name}: the model has no hyperparameter '{top}'"
                                  f"{did_you_mean(top, known)}; its DEFAULTS are: "
                                  f"{', '.join(sorted(known))}")

@@ -45,6 +45,7 @@ config keys (YAML; --set uses dotted names):
   output                     run directory (default runs/<model>-<time>)
 
 outputs in the run directory: config.yaml, metrics.jsonl (one line per epoch),
+launches.jsonl (each launch's wall time per rank: python -m mpilearn.report RUN),
 checkpoints/ (latest pointer + ckpt-eEEEE-sSSSSSSS.pt, best.pt), models/ (and models/best/).
 one writer: the run directory's .mpilearn.lock names the job that writes it; a second job
 exits 2 naming it (a requeued job takes its own lock back; a dead holder's is taken over).
@@ -118,6 +119,7 @@ def run(args, make_config, after=None) -> int:
     preempt.install()
     ctx = mcomm.init()
     stage.leave_on_exit(ctx.local_rank)
+    launches = None  # the launch's wall time per rank (launches.jsonl), once the run is built
     try:
         line = mcomm.check_launch(ctx)
         if ctx.rank == 0:
@@ -141,13 +143,22 @@ def run(args, make_config, after=None) -> int:
         trainer = Trainer(config, ctx, output=output, resume=resume,
                           progress=not args.no_progress, overwrite=args.overwrite,
                           force=args.force)
+        from .launches import Launches
+
+        launches = Launches(ctx.comm, output, ctx.device)
+        trainer.callbacks.append(launches)
         before_start(ctx.comm)
         last = trainer.fit()
         if after is not None:
             after(ctx, last)
     except Exception as err:  # mpilearn's own errors become statuses; others abort the job
-        return exit_status(err, ctx.rank)
-    return 0
+        status = exit_status(err, ctx.rank)
+        if launches is not None:
+            launches.write(status)
+        return preempt.leave(status)
+    launches.write(0)
+    # finished: a stop signal from here on (its exit takes seconds) has nothing to stop
+    return preempt.leave(0)
 
 
 if __name__ == "__main__":

@@ -34,7 +34,8 @@ def check_output(path: str) -> None:
 
 
 # what a run directory holds; --overwrite removes exactly these
-RUN_OUTPUTS = ("config.yaml", "metrics.jsonl", "checkpoints", "validation", "models", "test.json")
+RUN_OUTPUTS = ("config.yaml", "metrics.jsonl", "checkpoints", "validation", "models", "test.json",
+               "launches.jsonl", "report")
 # keys that a resumed run may change: how long, how often, where; not what is trained
 SAFE_ON_RESUME = {"output", "train.epochs", "train.max_steps_per_epoch", "train.validate_every",
                   "train.physics_events", "train.checkpoint_every_steps",
@@ -255,14 +256,15 @@ def check_framework(task, train: dict) -> None:
 
 # -- data files and devices ------------------------------------------------------------
 
-def expand_files(patterns) -> list:
+def expand_files(patterns, key: str = "data.files") -> list:
+    """The files ``patterns`` (the config's ``key``) name, globs expanded, in order."""
     out = []
     for pattern in patterns:
         matches = sorted(glob.glob(pattern)) or [pattern]  # a literal name: 'not found' later
         for path in matches:
             why = describe_missing(path)
             if why:  # a directory, or a pattern that matched nothing
-                raise UsageError(f"data file {why}")
+                raise UsageError(f"{key}: {why}")
         out.extend(matches)
     return out
 
@@ -273,9 +275,11 @@ def open_files(config: dict, task) -> tuple:
     train = EventFiles(expand_files(data["files"]), task.keys, task.optional_keys)
     val = test = None
     if data["val_files"]:
-        val = EventFiles(expand_files(data["val_files"]), task.keys, task.optional_keys)
+        val = EventFiles(expand_files(data["val_files"], "data.val_files"), task.keys,
+                         task.optional_keys)
     if data["test_files"]:
-        test = EventFiles(expand_files(data["test_files"]), task.keys, task.optional_keys)
+        test = EventFiles(expand_files(data["test_files"], "data.test_files"), task.keys,
+                          task.optional_keys)
         overlap = set(map(os.path.abspath, test.paths)) & set(map(os.path.abspath, train.paths))
         if overlap:
             raise UsageError(f"data.test_files also in data.files: {', '.join(sorted(overlap))}; "

@@ -39,12 +39,14 @@ class Trainer:
     def __init__(self, config: dict, ctx, output: Optional[str] = None, resume=False,
                  progress: bool = True, events: Optional[tuple] = None,
                  deadline: Optional[float] = None, overwrite: bool = False,
-                 force: bool = False):
+                 force: bool = False, announce_fresh: bool = True):
         """``resume``: False, True (a checkpoint must exist) or "auto" (continue from one if
         there is one); ``events``: explicit (train, validation) event indices (HPO folds);
         ``deadline``: a time.time() after which training stops with TrainingStopped;
         ``overwrite``: replace an earlier run in ``output``; ``force``: resume although the
-        config changed in what is trained. ``callbacks`` may be extended before ``fit()``."""
+        config changed in what is trained; ``announce_fresh``: say that ``resume="auto"`` found
+        no checkpoint (an HPO fold does not: the sweep says it once). ``callbacks`` may be
+        extended before ``fit()``."""
         self.config, self.ctx, self.resume = config, ctx, resume
         self.deadline, self.history = deadline, []
         self.announce_stop = True  # an HPO fold leaves the stop line to the sweep
@@ -54,7 +56,8 @@ class Trainer:
 
         # 1. plan: every check (config, model, data, devices, resume), one verdict from rank 0
         plan = make_plan(config, ctx, output, resume, events, overwrite, force)
-        for note in plan.notes if ctx.rank == 0 else ():
+        notes = plan.notes + ([plan.fresh] if plan.fresh and announce_fresh else [])
+        for note in notes if ctx.rank == 0 else ():
             print(note, flush=True)
 
         # 2. build from the plan: the task, data, strategy, output directory, callbacks

@@ -36,6 +36,8 @@ class Plan:
     events: tuple       # (train, validation) event indices
     monitors: dict      # check_monitor's: (metric, mode) or None per section
     checkpoint: Optional[tuple] = None  # --resume: (path, state); None: start fresh
+    fresh: str = ""     # --resume auto found no checkpoint: the line saying so (the driver
+                        # prints it; an HPO fold, where starting fresh is the rule, does not)
     device: str = "cpu"  # this rank's
     task: object = None  # rank 0's, built for the checks (the others build theirs)
 
@@ -92,8 +94,11 @@ def _check(config, ctx, output, resume, events, overwrite, force, device_problem
     if problem:
         raise UsageError(problem)
     dry_run(task, files[0], split[0])
-    checkpoint = _checkpoint(os.path.join(output, "checkpoints"), resume, notes) if resume else None
-    return Plan(output, notes, counted(files), split, monitors, checkpoint, task=task)
+    folder = os.path.join(output, "checkpoints")
+    checkpoint = _checkpoint(folder, resume, notes) if resume else None
+    fresh = f"mpilearn: no checkpoint in {folder}; starting fresh" \
+        if resume and checkpoint is None else ""
+    return Plan(output, notes, counted(files), split, monitors, checkpoint, fresh, task=task)
 
 
 def _checkpoint(folder: str, resume, notes: list) -> Optional[tuple]:
@@ -110,5 +115,4 @@ def _checkpoint(folder: str, resume, notes: list) -> Optional[tuple]:
     if resume != "auto":
         raise UsageError(f"--resume: no checkpoint in {folder} (use --resume auto to start "
                          "fresh when there is none)")
-    notes.append(f"mpilearn: no checkpoint in {folder}; starting fresh")
     return None
