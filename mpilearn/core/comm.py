@@ -72,6 +72,17 @@ def init(comm=None) -> Context:
     return _CONTEXT
 
 
+def replace_comm(ctx: Context, comm) -> None:
+    """Collective on ``comm``: from now on the job is ``comm`` (the survivors of a lost rank,
+    :mod:`mpilearn.core.membership`); the node-local split and the exit barrier follow it."""
+    MPI = mpi()
+    ctx.comm = comm
+    ctx.local_comm = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
+    ctx.gpus_per_task = None
+    if _EXIT_GUARD:
+        _EXIT_GUARD["comm"] = comm.Dup()
+
+
 def check_launch(ctx: Context) -> str:
     """Checks that MPI agrees with the launcher (UsageError if not); returns a log line."""
     from ..cluster import launcher
@@ -147,6 +158,7 @@ def watch_launcher(rank: int, every: float = 0.5) -> None:
         threading.Thread(target=watch, name="mpilearn-launcher-watch", daemon=True).start()
 
 
+_EXIT_GUARD: dict = {}  # the communicator the exit barrier runs on (replace_comm swaps it)
 EXIT_WAIT_S = float(os.environ.get("MPILEARN_EXIT_WAIT", "10"))
 
 
@@ -160,7 +172,7 @@ def install_exit_guard(world) -> None:
     import atexit
     import time
 
-    guard = world.Dup()
+    _EXIT_GUARD["comm"] = world.Dup()
     rank = world.Get_rank()
     called = {}
     plain_exit = sys.exit
@@ -170,7 +182,7 @@ def install_exit_guard(world) -> None:
         plain_exit(code)
 
     def at_exit():
-        request = guard.Ibarrier()
+        request = _EXIT_GUARD["comm"].Ibarrier()
         deadline = time.monotonic() + EXIT_WAIT_S if "code" in called else None
         while not request.Test():
             if deadline is not None and time.monotonic() > deadline:

@@ -57,6 +57,11 @@ SCHEMA: Dict[str, Any] = {
             "mode": "",              # min | max; inferred for the project's own metrics
         },
         "checkpoint_every_steps": 0,  # 0 = at the end of every epoch only
+        "elastic": {                  # survive lost ranks (ULFM: mpirun --with-ft ulfm)
+            "min_ranks": 0,           # 0 = off; fewer survivors: checkpoint and exit 75
+            "max_ranks": 0,
+            "snapshot_every": 1,      # steps between in-memory snapshots (lost work per failure)
+        },
         "keep_checkpoints": 3,
         "validate_every": 0,          # physics validation every N epochs (GAN tasks); 0 = off
         "physics_events": 512,        # validation events used for the physics score

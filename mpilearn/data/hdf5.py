@@ -255,6 +255,7 @@ class ShardedLoader:
         self.transform = transform
         self.global_batch = local_batch * size
         self.steps_per_epoch = len(self.events) // self.global_batch
+        self.offset, self.offset_step = 0, 0  # events consumed at step offset_step (a resize)
         self.wait_seconds = 0.0
         if self.steps_per_epoch == 0:
             raise UsageError(f"{len(self.events)} training events cannot fill one global batch of "
@@ -264,8 +265,20 @@ class ShardedLoader:
         if getattr(self, "_order_epoch", None) != epoch:  # one permutation per epoch, not per step
             self._order = epoch_order(len(self.events), epoch, self.seed, self.shuffle)
             self._order_epoch = epoch
-        start = step * self.global_batch + self.rank * self.local_batch
+        start = self.offset + (step - self.offset_step) * self.global_batch \
+            + self.rank * self.local_batch
         return self.events[self._order[start:start + self.local_batch]]
+
+    def resume_at(self, events: int, step: int) -> None:
+        """The epoch's first ``events`` (in its global order) were consumed before ``step``,
+        at another rank count: the rest is this loader's, ``steps_per_epoch`` counts on from
+        ``step``. ``resume_at(0, 0)`` for the next epoch."""
+        self.offset, self.offset_step = events, step
+        self.steps_per_epoch = step + (len(self.events) - events) // self.global_batch
+
+    def position(self, step: int) -> int:
+        """Events of the epoch consumed before ``step``."""
+        return self.offset + (step - self.offset_step) * self.global_batch
 
     def _read(self, epoch: int, step: int) -> dict:
         index = self.local_indices(epoch, step)

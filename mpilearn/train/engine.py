@@ -26,7 +26,7 @@ from ..data.hdf5 import ShardedLoader
 from ..errors import TrainingStopped, UsageError
 from ..core.io import append_jsonl, read_jsonl
 from . import checkpoint as ckpt
-from . import best, loggers, lr_rules, stops
+from . import best, elastic, loggers, lr_rules, stops
 from .callbacks import BestCheckpoint, EarlyStopping, EpochLog, task_callbacks
 from .checks import clear_run_dir, remove_stale_temp
 from .evaluation import evaluate, test_pass
@@ -91,6 +91,9 @@ class Trainer:
         self.base_lrs = self.task.learning_rates()
         torch.manual_seed(train["seed"] * 1000 + ctx.rank + 1)  # per-rank noise from here on
         self.callbacks = self._default_callbacks()
+        self.membership, self.snapshots = None, None
+        if elastic.settings(config) is not None:
+            self._make_elastic(elastic.settings(config))
 
         # position and running state
         self.epoch, self.step_in_epoch, self.global_step = 0, 0, 0
@@ -98,10 +101,33 @@ class Trainer:
         self.lr, self.lrs = None, {}
         if plan.checkpoint:
             self._restore(*plan.checkpoint)
+        if self.snapshots is not None:
+            self.snapshots.maybe_take(self, force=True)
         # the run's identity, written once every check passed (a refused --resume --force
         # leaves the saved config as it was)
         if ctx.rank == 0:
             dump(config, os.path.join(self.output, "config.yaml"))
+
+    def _make_elastic(self, settings: dict) -> None:
+        """The membership every holder of the communicator follows, and the first snapshot."""
+        from ..core import comm as core_comm, membership
+
+        mcomm.check_on_root(self.ctx.comm, elastic.check, self.config, self.task, self.ctx.size)
+        self.membership = membership.Membership(self.ctx.comm, int(settings["min_ranks"]),
+                                                int(settings.get("max_ranks") or 0))
+        membership.set_current(self.membership)
+
+        def follow(new, change):  # the one list of who holds the job's communicator
+            core_comm.replace_comm(self.ctx, new)
+            self.strategy.comm = new
+            self.task.rebind(new)
+
+        self.membership.on_change(follow)
+        self.snapshots = elastic.Snapshots(settings.get("snapshot_every") or 1)
+
+    def position(self) -> int:
+        """Events of the current epoch consumed so far, in its global order."""
+        return self.loader.position(self.step_in_epoch)
 
     def _make_loader(self):
         t = self.config["train"]
@@ -164,7 +190,7 @@ class Trainer:
         if self.ctx.rank == 0:
             state = {"task": self.task.state_dict(), "epoch": self.epoch,
                      "step_in_epoch": self.step_in_epoch, "global_step": self.global_step,
-                     "rng": rngs, "acc": self.acc, "acc_per_rank": accs,
+                     "position": self.position(), "rng": rngs, "acc": self.acc, "acc_per_rank": accs,
                      "world_size": self.ctx.size,
                      "strategy": strategy,
                      "callbacks": {cb.name: cb.state_dict() for cb in self.callbacks}}
@@ -184,6 +210,8 @@ class Trainer:
                              f"{detail}") from None
         self.epoch, self.step_in_epoch = state["epoch"], state["step_in_epoch"]
         self.global_step = state["global_step"]
+        if "position" in state:  # the events consumed, whatever the rank count that saved it
+            self.loader.resume_at(state["position"], self.step_in_epoch)
         self.acc = self._restored_acc(state)
         saved = state.get("callbacks", {})
         for cb in self.callbacks:
@@ -251,18 +279,13 @@ class Trainer:
         last = {}
         stopped = False
         while self.epoch < t["epochs"] and not stopped:
-            self._run_epoch()
-            self._account(self._epoch_start)
-            self.strategy.end_epoch()
-            record = self._epoch_record()
-            self.history.append(record)
-            # every callback runs (none is skipped because an earlier one stops)
-            stopped = any([cb.on_epoch_end(record) for cb in self.callbacks])
+            if self.membership is not None:
+                from ..core.membership import run_guarded
+
+                record, stopped = run_guarded(self.membership, self._one_epoch, self._after_loss)
+            else:
+                record, stopped = self._one_epoch()
             last = record
-            self.epoch += 1
-            self.step_in_epoch = 0
-            self.acc = self._empty_acc()
-            best.keep_if_improved(self.task, self.output, self._save(), self.callbacks)
         if self.test_files is not None:
             last["test"] = test_pass(self.task, self.test_files, self.config["train"]["batch_size"],
                                      self.ctx.comm, self.output, self.epoch, self.config)
@@ -272,6 +295,81 @@ class Trainer:
             print(f"mpilearn: done after {self.epoch} epoch(s); results in {self.output}",
                   flush=True)
         return last
+
+    def _one_epoch(self) -> tuple:
+        """The epoch from the current position, its record, callbacks and checkpoint; returns
+        (record, whether a callback stops training)."""
+        self._run_epoch()
+        self._account(self._epoch_start)
+        self.strategy.end_epoch()
+        record = self._epoch_record()
+        self.history.append(record)
+        # every callback runs (none is skipped because an earlier one stops)
+        stopped = any([cb.on_epoch_end(record) for cb in self.callbacks])
+        self.epoch += 1
+        self.step_in_epoch = 0
+        self.loader.resume_at(0, 0)
+        self.acc = self._empty_acc()
+        best.keep_if_improved(self.task, self.output, self._save(), self.callbacks)
+        if self.snapshots is not None:
+            self.snapshots.maybe_take(self, force=True)
+        return record, stopped
+
+    def _after_loss(self, change) -> None:
+        """The survivors of a lost rank (``membership.recover`` gave them their communicator):
+        back to the newest step every one of them holds, the rest of the epoch re-sharded;
+        rank 0's duties to the lowest survivor; below min_ranks, a checkpoint and exit 75."""
+        from ..core import membership
+
+        step = self.membership.agree_min(self.snapshots.newest_step())
+        if change.leader_lost and self.ctx.rank == 0:
+            self._take_over_leader()
+        self._restore_snapshot(self.snapshots.at(step))
+        lr = self._set_lr()
+        if self.ctx.rank == 0:
+            how = ", ".join(f"rank {r} on {h}" for r, h in change.lost)
+            print(f"mpilearn: lost {how} at step {self.global_step + 1} (epoch {self.epoch + 1}); "
+                  f"going on with {self.ctx.size} rank(s) from step {self.global_step}, global "
+                  f"batch {self.loader.global_batch}, lr {lr:.6g}"
+                  + ("; rank 0's duties moved here" if change.leader_lost else ""), flush=True)
+            append_jsonl(self.metrics_path, {
+                "epoch": self.epoch + 1, "step": self.global_step, "membership": change.record(),
+                "position": self.position(), "global_batch": self.loader.global_batch,
+                "lr": lr})
+        try:
+            self.membership.check_size(change)
+        except membership.TooFewRanks:
+            self._save()
+            raise
+
+    def _restore_snapshot(self, snap) -> None:
+        """Every survivor back to ``snap`` (its own copy of that step), on the new size."""
+        self.task.load_state_dict(snap.task)
+        for opt in self.task.optimizers().values():
+            reducer = getattr(opt, "_reducer", None)
+            if reducer is not None:
+                reducer.reset()
+        self.epoch, self.step_in_epoch = snap.epoch, snap.step_in_epoch
+        self.global_step, self.acc = snap.global_step, dict(snap.acc, losses=dict(snap.acc["losses"]))
+        ckpt.set_rng_state(snap.rng)
+        self.loader = self._make_loader()
+        self.loader.resume_at(snap.position, snap.step_in_epoch)
+        self.callbacks = self._default_callbacks()
+        for cb in self.callbacks:
+            if snap.callbacks.get(cb.name):
+                cb.load_state_dict(snap.callbacks[cb.name])
+        self.snapshots.kept = [snap]
+
+    def _take_over_leader(self) -> None:
+        """Rank 0 was lost: this process (the lowest survivor) becomes the run's one writer."""
+        from ..core import runlock
+
+        self.log = loggers.Loggers(self.config["train"]["log"], self.output)
+        lock = runlock.RunLock(os.path.join(self.output, runlock.NAME), self.output)
+        lock.acquire(force=True)  # its holder is the lost rank 0: MPI said so
+        import atexit
+
+        atexit.register(lock.release)
 
     def _run_epoch(self) -> None:
         """The strategy's epoch from the current position; the position follows it."""
@@ -322,6 +420,8 @@ class Trainer:
             self.bar.update(1)
             self.bar.set_postfix({k: f"{v:.4g}" for k, v in losses.items()}, refresh=False)
         self._check_stop(upcoming)
+        if self.snapshots is not None:
+            self.snapshots.maybe_take(self)
         every = t["checkpoint_every_steps"]
         if every and self.global_step % every == 0 and self.step_in_epoch < self.steps_per_epoch:
             self._account(self._epoch_start)
