@@ -58,7 +58,7 @@ def exit_status(err: BaseException, rank: int = 0) -> int:
     from .core.membership import BELOW_MIN_EXIT, TooFewRanks
 
     if isinstance(err, TooFewRanks):
-        _say(rank, f"mpilearn: {err}; checkpoint written; continue with --resume auto")
+        _say(rank, f"mpilearn: {err}; continue with --resume auto")
         return BELOW_MIN_EXIT
     if isinstance(err, SweepFailed):
         _say(rank, f"mpilearn: sweep failed: {err}")

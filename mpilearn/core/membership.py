@@ -35,9 +35,9 @@ class RanksLost(RuntimeError):
 class TooFewRanks(RuntimeError):
     """Fewer ranks than ``min_ranks`` are left (the survivors checkpoint and exit 75)."""
 
-    def __init__(self, change: "Change", min_ranks: int):
-        super().__init__(f"{change.describe()}: {change.new_size} rank(s) left, fewer than "
-                         f"train.elastic.min_ranks={min_ranks}")
+    def __init__(self, change: "Change", min_ranks: int, step: int):
+        super().__init__(f"{change.describe()}: fewer than train.elastic.min_ranks={min_ranks}; "
+                         f"checkpoint of step {step} written")
         self.change, self.min_ranks = change, min_ranks
 
 
@@ -141,10 +141,6 @@ class Membership:
         """Collective on the new communicator: the smallest ``value`` of the survivors (the last
         step every survivor applied). A rank lost meanwhile surfaces as MPI.Exception."""
         return int(self.comm.allreduce(int(value), op=mcomm.mpi().MIN))
-
-    def check_size(self, change: Change) -> None:
-        if change.new_size < self.min_ranks:
-            raise TooFewRanks(change, self.min_ranks)
 
 
 def run_guarded(membership: Membership, fn: Callable, on_loss: Callable[[Change], None]):

@@ -112,7 +112,6 @@ class Trainer:
         """The membership every holder of the communicator follows, and the first snapshot."""
         from ..core import comm as core_comm, membership
 
-        mcomm.check_on_root(self.ctx.comm, elastic.check, self.config, self.task, self.ctx.size)
         self.membership = membership.Membership(self.ctx.comm, int(settings["min_ranks"]),
                                                 int(settings.get("max_ranks") or 0))
         membership.set_current(self.membership)
@@ -326,21 +325,22 @@ class Trainer:
             self._take_over_leader()
         self._restore_snapshot(self.snapshots.at(step))
         lr = self._set_lr()
-        if self.ctx.rank == 0:
+        below = change.new_size < self.membership.min_ranks
+        if self.ctx.rank == 0:  # the one line (below min_ranks, exit_status says the rest)
             how = ", ".join(f"rank {r} on {h}" for r, h in change.lost)
-            print(f"mpilearn: lost {how} at step {self.global_step + 1} (epoch {self.epoch + 1}); "
-                  f"going on with {self.ctx.size} rank(s) from step {self.global_step}, global "
-                  f"batch {self.loader.global_batch}, lr {lr:.6g}"
-                  + ("; rank 0's duties moved here" if change.leader_lost else ""), flush=True)
+            if not below:
+                print(f"mpilearn: lost {how} at step {self.global_step + 1} (epoch "
+                      f"{self.epoch + 1}); going on with {self.ctx.size} rank(s) from step "
+                      f"{self.global_step}, global batch {self.loader.global_batch}, lr {lr:.6g}"
+                      + ("; rank 0's duties moved here" if change.leader_lost else ""), flush=True)
             append_jsonl(self.metrics_path, {
                 "epoch": self.epoch + 1, "step": self.global_step, "membership": change.record(),
                 "position": self.position(), "global_batch": self.loader.global_batch,
                 "lr": lr})
-        try:
-            self.membership.check_size(change)
-        except membership.TooFewRanks:
+        if below:
             self._save()
-            raise
+            raise membership.TooFewRanks(change, self.membership.min_ranks,
+                                         self.global_step)
 
     def _restore_snapshot(self, snap) -> None:
         """Every survivor back to ``snap`` (its own copy of that step), on the new size."""

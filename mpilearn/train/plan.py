@@ -19,7 +19,7 @@ from ..core.builders import load_builder
 from ..core.comm import fail_usage
 from ..data.hdf5 import ShardedLoader
 from ..errors import UsageError
-from . import checkpoint as ckpt
+from . import checkpoint as ckpt, elastic
 from . import loggers
 from .checks import (check_framework, check_hparams, check_monitor, check_output,
                      check_precision, check_run_dir, choose_device, default_output, dry_run,
@@ -74,6 +74,7 @@ def _check(config, ctx, output, resume, events, overwrite, force, device_problem
     task = new_task(config)
     check_precision(task, train["precision"])
     check_framework(task, train)
+    elastic.check(config, task, ctx.size)
 
     files = open_files(config, task)
     for f in files:

@@ -5,6 +5,7 @@ is in the weights and compared with them), for elastic and resume tests.
 (after S applied steps); ``MPILEARN_TEST_STOP=S``: every rank sends itself SIGTERM after its
 step S, so the run stops at exactly that step (the replay of an elastic run). Environment, not
 hparams: the runs compared keep one config."""
+import faulthandler
 import os
 import signal
 import sys
@@ -25,6 +26,8 @@ def _env_steps(name):
 
 def build(hparams):
     from mpilearn.core import comm as mcomm
+
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # where a hung rank waits
 
     hp = {**DEFAULTS, **hparams}
     task = slow64.build({k: v for k, v in hp.items() if k != "events"})
