@@ -61,7 +61,8 @@ class Change:
     def record(self) -> dict:
         return {"lost_ranks": [r for r, _ in self.lost], "lost_hosts": [h for _, h in self.lost],
                 "old_size": self.old_size, "ranks": self.new_size,
-                "leader_lost": self.leader_lost, "recovery_s": round(self.seconds, 4)}
+                "leader_lost": self.leader_lost, "recovery_s": round(self.seconds, 4),
+                "detected_at": round(self.detected, 4)}
 
 
 def failure_classes() -> tuple:
@@ -109,7 +110,7 @@ class Membership:
         """``fn(new_comm, change)`` after every change (whoever holds the communicator)."""
         self._listeners.append(fn)
 
-    def recover(self) -> Change:
+    def recover(self, detected: Optional[float] = None) -> Change:
         """Collective over the survivors (each calls it once it saw a failure): revoke, shrink,
         and hand every holder the new communicator. A failure during the shrink itself (a second
         rank lost meanwhile) is absorbed by MPI_Comm_shrink, which excludes it too."""
@@ -128,7 +129,7 @@ class Membership:
         lost = sorted(set(range(old_size)) - set(kept))
         change = Change(lost=[(r, self.hosts[r]) for r in lost], old_size=old_size,
                         new_size=new.Get_size(), old_rank=old_rank, new_rank=new.Get_rank(),
-                        leader_lost=0 in lost)
+                        leader_lost=0 in lost, detected=detected or time.time())
         self.hosts = [self.hosts[r] for r in kept]
         self.comm = new
         for fn in self._listeners:
@@ -153,7 +154,8 @@ def run_guarded(membership: Membership, fn: Callable, on_loss: Callable[[Change]
         except Exception as err:  # noqa: BLE001 - only MPI's loss reports are handled
             if not (is_failure(err) or isinstance(err, RanksLost)):
                 raise
-        change = membership.recover()
+            detected = time.time()
+        change = membership.recover(detected)
         on_loss(change)
 
 

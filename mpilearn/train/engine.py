@@ -103,6 +103,12 @@ class Trainer:
             self._restore(*plan.checkpoint)
         if self.snapshots is not None:
             self.snapshots.maybe_take(self, force=True)
+            if ctx.rank == 0:
+                e = elastic.settings(config)
+                print(f"mpilearn: elastic: min_ranks {e['min_ranks']}; an in-memory snapshot "
+                      f"every {self.snapshots.every} step(s), "
+                      f"{self.snapshots.kept[-1].nbytes() / 2**20:.3g} MiB each, 2 kept",
+                      flush=True)
         # the run's identity, written once every check passed (a refused --resume --force
         # leaves the saved config as it was)
         if ctx.rank == 0:
@@ -123,6 +129,7 @@ class Trainer:
 
         self.membership.on_change(follow)
         self.snapshots = elastic.Snapshots(settings.get("snapshot_every") or 1)
+        self._first_after_loss = False
 
     def position(self) -> int:
         """Events of the current epoch consumed so far, in its global order."""
@@ -337,6 +344,7 @@ class Trainer:
                 "epoch": self.epoch + 1, "step": self.global_step, "membership": change.record(),
                 "position": self.position(), "global_batch": self.loader.global_batch,
                 "lr": lr})
+        self._first_after_loss = True
         if below:
             self._save()
             raise membership.TooFewRanks(change, self.membership.min_ranks,
@@ -422,6 +430,10 @@ class Trainer:
         self._check_stop(upcoming)
         if self.snapshots is not None:
             self.snapshots.maybe_take(self)
+            if self._first_after_loss and self.ctx.rank == 0:  # recovery time (bench/elastic.py)
+                append_jsonl(self.metrics_path, {"epoch": self.epoch + 1, "step": self.global_step,
+                                                 "first_step_after_loss_at": time.time()})
+            self._first_after_loss = False
         every = t["checkpoint_every_steps"]
         if every and self.global_step % every == 0 and self.step_in_epoch < self.steps_per_epoch:
             self._account(self._epoch_start)
