@@ -50,14 +50,38 @@ def check(config: dict, task, size: int) -> None:
                          "ulfm); this MPI has no MPI_Comm_shrink")
 
 
-class Snapshot:
-    """One step's state on this rank, in memory."""
+def _copy_into(saved, live):
+    """``live`` (a state_dict's tree) copied into ``saved``'s tensors where the two trees
+    match (no allocation: a snapshot of a 48 MiB MLP state took 33 ms by deepcopy); a fresh
+    copy where they do not (an optimizer's state appears after its first step)."""
+    import torch
 
-    def __init__(self, trainer):
+    if isinstance(live, torch.Tensor):
+        if isinstance(saved, torch.Tensor) and saved.shape == live.shape \
+                and saved.dtype == live.dtype and saved.device == live.device:
+            return saved.copy_(live)
+        return live.detach().clone()
+    if isinstance(live, dict):
+        if not isinstance(saved, dict) or saved.keys() != live.keys():
+            return copy.deepcopy(live)
+        return {k: _copy_into(saved[k], v) for k, v in live.items()}
+    if isinstance(live, (list, tuple)):
+        if type(saved) is not type(live) or len(saved) != len(live):
+            return copy.deepcopy(live)
+        return type(live)(_copy_into(a, b) for a, b in zip(saved, live))
+    return copy.deepcopy(live)
+
+
+class Snapshot:
+    """One step's state on this rank, in memory (``reuse``: an older snapshot whose tensors
+    this one overwrites)."""
+
+    def __init__(self, trainer, reuse: "Optional[Snapshot]" = None):
         self.global_step = trainer.global_step
         self.epoch, self.step_in_epoch = trainer.epoch, trainer.step_in_epoch
         self.position = trainer.position()
-        self.task = copy.deepcopy(trainer.task.state_dict())
+        self.task = _copy_into(reuse.task if reuse is not None else None,
+                               trainer.task.state_dict())
         self.acc = copy.deepcopy(trainer.acc)
         self.rng = ckpt.rng_state()
         self.callbacks = {cb.name: copy.deepcopy(cb.state_dict()) for cb in trainer.callbacks}
@@ -93,7 +117,8 @@ class Snapshots:
         if force or trainer.global_step % self.every == 0:
             if self.kept and self.kept[-1].global_step == trainer.global_step:
                 return
-            self.kept = (self.kept + [Snapshot(trainer)])[-2:]
+            reuse = self.kept.pop(0) if len(self.kept) == 2 else None
+            self.kept.append(Snapshot(trainer, reuse))
 
     def newest_step(self) -> int:
         return self.kept[-1].global_step

@@ -11,6 +11,7 @@ Everything takes the communicator it is given.
 from __future__ import annotations
 
 import collections
+import copy
 import os
 import sys
 import time
@@ -352,7 +353,9 @@ class Trainer:
 
     def _restore_snapshot(self, snap) -> None:
         """Every survivor back to ``snap`` (its own copy of that step), on the new size."""
-        self.task.load_state_dict(snap.task)
+        # a copy: an optimizer's load_state_dict keeps the very tensors it is given, and the
+        # snapshot must stay as it is (a second loss before the next one goes back to it)
+        self.task.load_state_dict(copy.deepcopy(snap.task))
         for opt in self.task.optimizers().values():
             reducer = getattr(opt, "_reducer", None)
             if reducer is not None:
