@@ -24,6 +24,27 @@ def _env_steps(name):
     return tuple(int(x) for x in value.split(":")) if value else None
 
 
+def arm(task):
+    """MPILEARN_TEST_KILL and MPILEARN_TEST_STOP on ``task``'s steps (any task)."""
+    from mpilearn.core import comm as mcomm
+
+    plain_step = task.train_step
+    kill, stop = _env_steps("MPILEARN_TEST_KILL"), _env_steps("MPILEARN_TEST_STOP")
+    steps = [0]
+
+    def train_step(batch):
+        if kill and mcomm.mpi().COMM_WORLD.Get_rank() == kill[0] and steps[0] == kill[1]:
+            os.kill(os.getpid(), signal.SIGKILL)
+        losses = plain_step(batch)
+        steps[0] += 1
+        if stop and steps[0] == stop[0]:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return losses
+
+    task.train_step = train_step
+    return task
+
+
 def build(hparams):
     from mpilearn.core import comm as mcomm
 
@@ -33,22 +54,15 @@ def build(hparams):
     task = slow64.build({k: v for k, v in hp.items() if k != "events"})
     task.model.register_buffer("seen", torch.zeros(int(hp["events"]), dtype=torch.float64))
     plain_step = task.train_step
-    kill, stop = _env_steps("MPILEARN_TEST_KILL"), _env_steps("MPILEARN_TEST_STOP")
-    steps = [0]
 
     def train_step(batch):
         MPI = mcomm.mpi()
-        if kill and MPI.COMM_WORLD.Get_rank() == kill[0] and steps[0] == kill[1]:
-            os.kill(os.getpid(), signal.SIGKILL)
         losses = plain_step(batch)
         counts = np.zeros(len(task.model.seen))
         np.add.at(counts, np.asarray(batch["_index"]), 1.0)
         mcomm.context().comm.Allreduce(MPI.IN_PLACE, counts, op=MPI.SUM)  # the live ranks
         task.model.seen += torch.from_numpy(counts)
-        steps[0] += 1
-        if stop and steps[0] == stop[0]:
-            os.kill(os.getpid(), signal.SIGTERM)
         return losses
 
     task.train_step = train_step
-    return task
+    return arm(task)
