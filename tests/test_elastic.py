@@ -17,7 +17,7 @@ KILL_AFTER = 20  # applied steps before the victim dies (even: the rest fills np
 
 def args(toy_file, out, *extra):
     # 960 training events: 80 global batches of 12 at np=3, 120 of 8 at np=2
-    return train_args("--set", f"model={TESTS}/models/counting.py", "--set",
+    return train_args("--set", f"model={TESTS}/models/elastic_mlp.py", "--set",
                       f"data.files=[{toy_file}]", "--set", "data.val_fraction=0.0625",
                       "--set", "train.epochs=2", "--set", "train.batch_size=4",
                       "--set", "train.deterministic=true", "--output", out, *extra)

@@ -57,16 +57,17 @@ SCHEMA: Dict[str, Any] = {
             "mode": "",              # min | max; inferred for the project's own metrics
         },
         "checkpoint_every_steps": 0,  # 0 = at the end of every epoch only
-        "elastic": {                  # survive lost ranks (ULFM: mpirun --with-ft ulfm)
-            "min_ranks": 0,           # 0 = off; fewer survivors: checkpoint and exit 75
-            "max_ranks": 0,
-            "snapshot_every": 1,      # steps between in-memory snapshots (lost work per failure)
-        },
         "keep_checkpoints": 3,
         "validate_every": 0,          # physics validation every N epochs (GAN tasks); 0 = off
         "physics_events": 512,        # validation events used for the physics score
         "log": ["jsonl"],             # + tensorboard | csv | mlflow (mpilearn.train.loggers)
         "log_every_steps": 0,         # tensorboard: training losses every N steps; 0 = off
+        "elastic": {                  # a run that changes size (README "Elastic training")
+            "min_ranks": 0,           # fewer ranks than this: checkpoint and exit 75; 0 = not elastic
+            "max_ranks": 0,           # grow back up to this many; 0 = the starting size
+            "batch": "rank",          # rank: per-rank batch stays, lr_scaling re-applied | global
+            "snapshot_every": 1,      # steps between in-memory snapshots (ULFM; redone at a loss)
+        },
     },
     "device": {
         "type": "auto",               # auto | cpu | cuda
@@ -89,6 +90,7 @@ CHOICES = {
     "device.type": ("auto", "cpu", "cuda"),
     "data.on_error": ("stop", "skip"),
     "train.best.mode": ("", "min", "max"),
+    "train.elastic.batch": ("rank", "global"),
     "train.early_stopping.mode": ("", "min", "max"),
 }
 
@@ -247,6 +249,7 @@ def resolve(path: Optional[str], sets: Iterable[str] = (), base: Optional[dict] 
     if t["base_batch"] < 0 or t["warmup_epochs"] < 0:
         key = "base_batch" if t["base_batch"] < 0 else "warmup_epochs"
         raise UsageError(f"'train.{key}' must be at least 0, got {t[key]}")
+    _check_elastic(t["elastic"])
     if not 0 <= t["seed"] < 2 ** 32:  # numpy's seed range; torch would accept, numpy not
         raise UsageError(f"'train.seed' must be in [0, 2**32), got {t['seed']}")
     if not 0 < t["elastic_force"] <= 1:
@@ -257,6 +260,16 @@ def resolve(path: Optional[str], sets: Iterable[str] = (), base: Optional[dict] 
     if not 0 <= config["data"]["val_fraction"] < 1:
         raise UsageError(f"'data.val_fraction' must be in [0, 1), got {config['data']['val_fraction']}")
     return config
+
+
+def _check_elastic(elastic: dict) -> None:
+    low, high = elastic["min_ranks"], elastic["max_ranks"]
+    for key, value in (("min_ranks", low), ("max_ranks", high)):
+        if value < 0:
+            raise UsageError(f"'train.elastic.{key}' must be at least 0, got {value}")
+    if low and high and high < low:
+        raise UsageError(f"'train.elastic.max_ranks' ({high}) is below 'train.elastic.min_ranks' "
+                         f"({low})")
 
 
 def flatten(tree: dict, prefix: str = "") -> dict:

@@ -79,7 +79,8 @@ class Snapshot:
     def __init__(self, trainer, reuse: "Optional[Snapshot]" = None):
         self.global_step = trainer.global_step
         self.epoch, self.step_in_epoch = trainer.epoch, trainer.step_in_epoch
-        self.position = trainer.position()
+        self.position = trainer.position
+        self.global_batch, self.ranks = trainer.loader.global_batch, trainer.ctx.size
         self.task = _copy_into(reuse.task if reuse is not None else None,
                                trainer.task.state_dict())
         self.acc = copy.deepcopy(trainer.acc)

@@ -20,7 +20,7 @@ from ..core.comm import fail_usage
 from ..data.hdf5 import ShardedLoader
 from ..errors import UsageError
 from . import checkpoint as ckpt, elastic
-from . import loggers
+from . import loggers, resize
 from .checks import (check_framework, check_hparams, check_monitor, check_output,
                      check_precision, check_run_dir, choose_device, default_output, dry_run,
                      open_files)
@@ -38,6 +38,7 @@ class Plan:
     checkpoint: Optional[tuple] = None  # --resume: (path, state); None: start fresh
     device: str = "cpu"  # this rank's
     task: object = None  # rank 0's, built for the checks (the others build theirs)
+    batch_size: int = 0  # the per-rank batch in force (train.elastic.batch at a size change)
 
 
 def make(config: dict, ctx, output: Optional[str] = None, resume=False,
@@ -94,7 +95,14 @@ def _check(config, ctx, output, resume, events, overwrite, force, device_problem
         raise UsageError(problem)
     dry_run(task, files[0], split[0])
     checkpoint = _checkpoint(os.path.join(output, "checkpoints"), resume, notes) if resume else None
-    return Plan(output, notes, counted(files), split, monitors, checkpoint, task=task)
+    # the batch policy at another rank count than the checkpoint's (resize.py)
+    shards = strategy.shard(0, ctx.size)[1]
+    saved = resize.saved_batches(checkpoint[1], train["batch_size"]) if checkpoint else None
+    batch = resize.local_batch(train, shards, saved)
+    if batch != train["batch_size"]:
+        ShardedLoader(files[0], split[0], batch, 0, shards)
+    return Plan(output, notes, counted(files), split, monitors, checkpoint, task=task,
+                batch_size=batch)
 
 
 def _checkpoint(folder: str, resume, notes: list) -> Optional[tuple]:
