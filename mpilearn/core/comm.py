@@ -81,6 +81,7 @@ def replace_comm(ctx: Context, comm) -> None:
     ctx.gpus_per_task = None
     if _EXIT_GUARD:
         _EXIT_GUARD["comm"] = comm.Dup()
+        _EXIT_GUARD["shrunk"] = True
 
 
 def check_launch(ctx: Context) -> str:
@@ -158,6 +159,7 @@ def watch_launcher(rank: int, every: float = 0.5) -> None:
         threading.Thread(target=watch, name="mpilearn-launcher-watch", daemon=True).start()
 
 
+FINALIZE_WAIT_S = int(os.environ.get("MPILEARN_FINALIZE_WAIT", "60"))
 _EXIT_GUARD: dict = {}  # the communicator the exit barrier runs on (replace_comm swaps it)
 EXIT_WAIT_S = float(os.environ.get("MPILEARN_EXIT_WAIT", "10"))
 
@@ -192,6 +194,12 @@ def install_exit_guard(world) -> None:
                 sys.stderr.flush()
                 world.Abort(code if isinstance(code, int) and code > 0 else 1)
             time.sleep(0.005)
+        if _EXIT_GUARD.get("shrunk"):
+            # MPI_Finalize after a lost rank hung twice in about 15 runs on a loaded machine
+            # (ULFM); everything is written by now, so the wait gets a bound: SIGALRM ends it
+            import signal
+
+            signal.alarm(FINALIZE_WAIT_S)
 
     sys.exit = recording_exit
     atexit.register(at_exit)
