@@ -44,6 +44,7 @@ config keys (YAML; --set uses dotted names):
   train.elastic.{min_ranks,max_ranks,batch}  0 (not elastic), 0 (= start size), rank | global:
                              at another rank count keep the per-rank batch (lr_scaling again)
                              or the global batch (README "Elastic training")
+  train.elastic.snapshot_every  1  steps between in-memory snapshots (a lost rank redoes them)
   device.type                auto | cpu | cuda    device.allow_shared_gpus  false
   output                     run directory (default runs/<model>-<time>)
 
