@@ -1,0 +1,13 @@
+"""Rank 0 crashes (an uncaught exception: MPI_Abort) the first time, when ``sys.argv[1]`` does
+not exist yet (it creates it); ``sys.argv[2]`` = "usage": every rank exits 2 instead."""
+import os
+import sys
+
+import mpilearn
+
+mpilearn.init()
+if sys.argv[2:] == ["usage"]:
+    sys.exit(2)
+if mpilearn.rank() == 0 and not os.path.exists(sys.argv[1]):
+    open(sys.argv[1], "w").close()
+    raise RuntimeError("crash on the first run")
