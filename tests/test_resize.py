@@ -6,6 +6,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 
 import numpy as np
@@ -118,3 +119,23 @@ def test_global_batch_policy_divides_or_names_the_values():
     with pytest.raises(UsageError, match="global batch of 16 events .written by 2 ranks., which 3 "
                                          "ranks cannot share evenly; run on 1, 2, 4, 8 ranks"):
         local_batch(train, 3, (16, 2))
+
+
+def test_relaunch_after_a_crash_trains_every_event_once(toy_file, tmp_path):
+    """mpilearn-run's relaunch mode (launchers without ULFM; here plain mpirun): rank 1 crashes
+    right after the step-8 checkpoint, the job runs again from it, every event once."""
+    events = tmp_path / "events"
+    events.mkdir()
+    cmd = ["-np", "2", "--min-np", "1", "--mpi-args=--oversubscribe", sys.executable,
+           *args(toy_file, str(tmp_path / "run"), "--set", "train.checkpoint_every_steps=4")]
+    proc = subprocess.run([sys.executable, "-m", "mpilearn.run", *cmd], cwd=REPO, text=True,
+                          capture_output=True, timeout=300,
+                          env={**ENV, "MPILEARN_ELASTIC_MODE": "relaunch",
+                               "MPILEARN_TEST_CRASH_AT": "9", "MPILEARN_TEST_EVENTS": str(events)})
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    assert "deliberate crash before step 9" in proc.stderr
+    assert proc.stderr.count("relaunching from the newest checkpoint (restart 1 of 3)") == 1
+    assert "resumed from" in proc.stdout and "ckpt-e0000-s0000008.pt" in proc.stdout
+    counts = trained(events)
+    assert max(counts.values()) == 1
+    assert sorted(counts) == sorted(order()[:922 // 16 * 16].tolist())
