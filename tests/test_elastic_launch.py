@@ -1,6 +1,7 @@
 """mpilearn-run's elastic side (issue 45): horovodrun's --min-np/--max-np flags, an honest exit
 status when ranks aborted (Open MPI 5 under --with-ft ulfm never ended a job whose ranks all
 called MPI_Abort), and the relaunch mode for launchers without ULFM."""
+import socket
 import subprocess
 import sys
 
@@ -51,3 +52,16 @@ def test_relaunch_mode_runs_a_crashed_job_again_but_never_bad_input(tmp_path):
                 f"{TESTS}/scripts/fail_once.py", marker, "usage", env=relaunch)
     assert usage.returncode == 2, usage.stderr[-2000:]
     assert "relaunching" not in usage.stderr
+
+
+def test_relaunch_leaves_out_a_host_whose_ranks_failed_twice(tmp_path):
+    """Rank 0 crashes on every launch: after the second, its host is left out; with no host
+    left, fewer than --min-np ranks remain and mpilearn-run gives up with the crash's status."""
+    host = socket.gethostname()
+    proc = run("-np", "2", "--min-np", "1", "-H", f"{host}:2", "--mpi-args=--oversubscribe",
+               sys.executable, f"{TESTS}/scripts/fail_once.py", str(tmp_path / "never"), "always",
+               env={"MPILEARN_ELASTIC_MODE": "relaunch"})
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert proc.stderr.count("relaunching from the newest checkpoint") == 1
+    assert f"mpilearn-run: leaving out {host} (ranks there failed twice); 0 rank(s)" in proc.stderr
+    assert "fewer than --min-np 1 ranks left; giving up" in proc.stderr

@@ -10,6 +10,7 @@ A hostfile has one host per line as ``host slots=N`` (Horovod and Open MPI) or `
 from __future__ import annotations
 
 import argparse
+import collections
 import os
 import re
 import shlex
@@ -152,6 +153,9 @@ def main(argv=None) -> int:
             if mode == "ulfm" and "with-ft" not in extra:
                 extra += " --with-ft ulfm"
         cmd = build_command(args.np, hosts, args.command, args.launcher, extra, env)
+
+        def rebuild(np_, hosts_):  # a relaunch on fewer hosts
+            return build_command(np_, hosts_, args.command, args.launcher, extra, env)
     except (ValueError, OSError) as err:
         sys.stderr.write(f"mpilearn-run: error: {err}\n")
         return 2
@@ -166,7 +170,8 @@ def main(argv=None) -> int:
         return 2
     os.environ.update(env)  # the ranks inherit the elastic bounds
     if mode == "relaunch":
-        return relaunch(cmd, cmd[0] == "mpirun" and "-np" in cmd, args.np, args.max_restarts)
+        return relaunch(cmd, cmd[0] == "mpirun" and "-np" in cmd, args.np, args.max_restarts,
+                        hosts, args.min_np, rebuild)
     return launch(cmd, cmd[0] == "mpirun" and "-np" in cmd, args.np)
 
 
@@ -225,49 +230,68 @@ def elastic_env(args) -> dict:
 NOT_RETRIED = (0, 2, 75)
 
 
-def relaunch(cmd: List[str], open_mpi: bool, ranks: int, restarts: int) -> int:
+def relaunch(cmd: List[str], open_mpi: bool, ranks: int, restarts: int,
+             hosts: Optional[List[Tuple[str, int]]] = None, min_ranks: int = 1,
+             rebuild=None) -> int:
     """Relaunch mode: a job that crashed runs again from its newest checkpoint (``--resume
     auto`` is added to an mpilearn.train command that has no ``--resume``), up to
-    ``restarts`` times; success, bad input (2) and a stop signal (75) are final."""
-    rc = launch(cmd, open_mpi, ranks)
+    ``restarts`` times; success, bad input (2) and a stop signal (75) are final. A host on
+    which ranks aborted in two launches is left out (``hosts`` given: ``rebuild(np, hosts)``
+    makes the command), with fewer ranks where its slots are missing, down to ``min_ranks``."""
+    failures: collections.Counter = collections.Counter()
+    aborted: list = []
+    rc = launch(cmd, open_mpi, ranks, aborted)
     for attempt in range(1, restarts + 1):
         if rc in NOT_RETRIED:
             return rc
+        for host in {a[2].split(".")[0] for a in aborted if len(a) > 2}:
+            failures[host] += 1
+        bad = [h for h, _ in hosts or () if failures[h.split(".")[0]] >= 2]
+        if bad and rebuild is not None:
+            hosts = [(h, n) for h, n in hosts if h not in bad]
+            ranks = min(ranks, sum(n for _, n in hosts))
+            sys.stderr.write(f"mpilearn-run: leaving out {', '.join(bad)} (ranks there failed "
+                             f"twice); {ranks} rank(s) on the others\n")
+            if ranks < min_ranks:
+                sys.stderr.write(f"mpilearn-run: fewer than --min-np {min_ranks} ranks left; "
+                                 "giving up\n")
+                return rc
+            cmd = rebuild(ranks, hosts)
         if "mpilearn.train" in cmd and "--resume" not in cmd:
             cmd = cmd + ["--resume", "auto"]
         sys.stderr.write(f"mpilearn-run: the job failed (exit {rc}); relaunching from the "
                          f"newest checkpoint (restart {attempt} of {restarts})\n")
         sys.stderr.flush()
-        rc = launch(cmd, open_mpi, ranks)
+        aborted = []
+        rc = launch(cmd, open_mpi, ranks, aborted)
     if rc not in NOT_RETRIED:
         sys.stderr.write(f"mpilearn-run: the job failed (exit {rc}) after {restarts} "
                          "restart(s); giving up\n")
     return rc
 
 
-READY_WAIT = 10.0  # seconds a stop signal waits for ranks not yet seen listening
-# seconds the launcher may go on after a rank recorded an abort: Open MPI 5 with --with-ft ulfm
-# was seen to hang for good once every rank had called MPI_Abort (and to ignore SIGTERM)
-ABORT_GRACE = float(os.environ.get("MPILEARN_ABORT_GRACE", "10"))
-
-
-def aborted_ranks(path: str) -> List[Tuple[int, int]]:
-    """(rank, code) of every rank that recorded an abort in the job's status file."""
+def aborted_ranks(path: str) -> List[tuple]:
+    """(rank, code, host) of every rank that recorded an abort in the job's status file."""
+    out = []
     try:
         with open(path) as f:
-            return [tuple(map(int, line.split())) for line in f if len(line.split()) == 2]
-    except (OSError, ValueError):
-        return []
+            for line in f:
+                fields = line.split()
+                if len(fields) >= 2 and fields[0].isdigit() and fields[1].lstrip("-").isdigit():
+                    out.append((int(fields[0]), int(fields[1]), *fields[2:3]))
+    except OSError:
+        pass
+    return out
 
 
 def honest_status(rc: int, aborted: List[Tuple[int, int]]) -> int:
     """The job's exit status: never 0 when a rank aborted, whatever the launcher said."""
     if aborted and rc == 0:
-        return next((code for _, code in aborted if code), 1)
+        return next((a[1] for a in aborted if a[1]), 1)
     return rc
 
 
-def launch(cmd: List[str], open_mpi: bool, ranks: int = 1) -> int:
+def launch(cmd: List[str], open_mpi: bool, ranks: int = 1, aborted: Optional[list] = None) -> int:
     """Runs the launcher; SIGINT/SIGTERM/SIGHUP to this process (Ctrl-C, ``kill``) reach
     the ranks as a SIGUSR1, which every launcher forwards and none turns into a kill (Open MPI's
     ``mpirun`` SIGKILLs the ranks 0.5 s after a SIGTERM or SIGINT), with the original signal's
@@ -279,7 +303,10 @@ def launch(cmd: List[str], open_mpi: bool, ranks: int = 1) -> int:
     hears it), so the signal is held until all ``ranks`` have said they listen (each creates
     ``<note>.<pid>``, ``preempt.install``), or ``READY_WAIT`` seconds at most: a rank on
     another machine cannot be seen, and a command that is not mpilearn's never says it. A job
-    that a forwarded SIGUSR1 killed anyway ends with one line and status 75 here."""
+    that a forwarded SIGUSR1 killed anyway ends with one line and status 75 here.
+
+    Ranks that abort record it in a status file (``comm.record_abort``; appended to
+    ``aborted`` as (rank, code, host)): the status is then never 0."""
     import glob
     import signal
     import tempfile
@@ -336,9 +363,12 @@ def launch(cmd: List[str], open_mpi: bool, ranks: int = 1) -> int:
                 child.send_signal(signal.SIGUSR1)
             time.sleep(0.05)
         rc = child.returncode
-        aborted = aborted_ranks(status)
-        if aborted:
-            who = ", ".join(f"rank {r} (code {c})" for r, c in aborted)
+        recorded = aborted_ranks(status)
+        if aborted is not None:
+            aborted.extend(recorded)
+        if recorded:
+            who = ", ".join(f"rank {a[0]} (code {a[1]}{' on ' + a[2] if len(a) > 2 else ''})"
+                            for a in recorded)
             sys.stderr.write(f"mpilearn-run: aborted: {who}\n")
     finally:
         for s, handler in saved.items():
@@ -348,7 +378,7 @@ def launch(cmd: List[str], open_mpi: bool, ranks: int = 1) -> int:
     rc = 128 - rc if rc < 0 else rc
     if killed:  # the status is the ranks' record, not the SIGKILL's
         rc = 0
-    rc = honest_status(rc, aborted)
+    rc = honest_status(rc, recorded)
     # a rank with no handler yet died of it (Open MPI: 128 + 10, Hydra: 10): say it once
     if len(seen) == 1 and rc in (128 + signal.SIGUSR1, signal.SIGUSR1):
         sys.stderr.write(f"mpilearn-run: stopped by {signal.Signals(seen[0]).name} before the "

@@ -91,16 +91,19 @@ STATUS_ENV = "MPILEARN_STATUS_FILE"
 
 
 def record_abort(rank: int, code: int) -> None:
-    """Before MPI_Abort: append ``rank code`` to the job's status file (``mpilearn-run`` names
+    """Before MPI_Abort: append ``rank code host`` to the job's status file (``mpilearn-run`` names
     it in MPILEARN_STATUS_FILE). Under ``mpirun --with-ft ulfm`` an aborted job can exit 0, or
     never end when every rank aborts; the launcher reads this file instead of trusting it."""
+    import socket
+
     path = os.environ.get(STATUS_ENV)
     if not path:
         return
     try:
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
-            os.write(fd, f"{rank} {code}\n".encode())  # one write: lines of ranks never mix
+            line = f"{rank} {code} {socket.gethostname()}\n"  # the host: relaunch leaves it out
+            os.write(fd, line.encode())  # one write: lines of ranks never mix
         finally:
             os.close(fd)
     except OSError:  # a rank on another machine may not see the launcher's file
