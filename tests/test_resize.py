@@ -122,17 +122,24 @@ def test_global_batch_policy_divides_or_names_the_values():
 
 
 def test_relaunch_after_a_crash_trains_every_event_once(toy_file, tmp_path):
-    """mpilearn-run's relaunch mode (launchers without ULFM; here plain mpirun): rank 1 crashes
-    right after the step-8 checkpoint, the job runs again from it, every event once."""
+    """mpilearn-run's relaunch mode under MPICH's Hydra mpiexec (no ULFM: the mode is chosen
+    from the launcher): rank 1 crashes right after the step-8 checkpoint, the job runs again
+    from it, and every event of the epoch is trained once."""
+    mpich = os.path.join(REPO, ".venv", "mpich")
+    if not os.path.exists(os.path.join(mpich, "bin", "mpirun")):
+        pytest.fail(f"{mpich}/bin/mpirun missing: `make test` installs MPICH's Hydra")
     events = tmp_path / "events"
     events.mkdir()
-    cmd = ["-np", "2", "--min-np", "1", "--mpi-args=--oversubscribe", sys.executable,
+    cmd = ["-np", "2", "--min-np", "1", sys.executable,
            *args(toy_file, str(tmp_path / "run"), "--set", "train.checkpoint_every_steps=4")]
+    env = {**ENV, "PATH": f"{mpich}/bin:{ENV['PATH']}", "LD_LIBRARY_PATH": f"{mpich}/lib",
+           "MPI4PY_MPIABI": "mpich", "MPILEARN_TEST_CRASH_AT": "9",
+           "MPILEARN_TEST_EVENTS": str(events)}
+    env.pop("MPILEARN_ELASTIC_MODE", None)
     proc = subprocess.run([sys.executable, "-m", "mpilearn.run", *cmd], cwd=REPO, text=True,
-                          capture_output=True, timeout=300,
-                          env={**ENV, "MPILEARN_ELASTIC_MODE": "relaunch",
-                               "MPILEARN_TEST_CRASH_AT": "9", "MPILEARN_TEST_EVENTS": str(events)})
+                          capture_output=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    assert "mpilearn-run: mpirun -n 2 -genvall" in proc.stderr  # Hydra's
     assert "deliberate crash before step 9" in proc.stderr
     assert proc.stderr.count("relaunching from the newest checkpoint (restart 1 of 3)") == 1
     assert "resumed from" in proc.stdout and "ckpt-e0000-s0000008.pt" in proc.stdout
