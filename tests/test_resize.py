@@ -6,6 +6,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 
 import numpy as np
@@ -76,12 +77,6 @@ def test_resume_at_another_size_trains_every_event_once(stopped, toy_file, tmp_p
     assert state["epoch"] == 0 and 0 < position < 900 and state["world_size"] == 2
     assert sum(trained(events).values()) == position  # the stop came after a whole step
     sets = ["--set", f"train.elastic.batch={policy}", "--resume", "auto"]
-    if np_ == 3:  # the global batch of 16 does not divide over 3 ranks: refused, named
-        proc = mpirun(3, args(toy_file, str(out), "--set", "train.elastic.batch=global",
-                              "--resume", "auto"))
-        assert proc.returncode == 2, proc.stdout + proc.stderr
-        assert ("train.elastic.batch: global keeps the global batch of 16 events (written by 2 "
-                "ranks), which 3 ranks cannot share evenly") in proc.stderr + proc.stdout
     proc = mpirun(np_, args(toy_file, str(out), *sets),
                   env={"MPILEARN_TEST_EVENTS": str(events)})
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -118,3 +113,45 @@ def test_global_batch_policy_divides_or_names_the_values():
     with pytest.raises(UsageError, match="global batch of 16 events .written by 2 ranks., which 3 "
                                          "ranks cannot share evenly; run on 1, 2, 4, 8 ranks"):
         local_batch(train, 3, (16, 2))
+
+
+def test_relaunch_after_a_crash_trains_every_event_once(toy_file, tmp_path):
+    """mpilearn-run's relaunch mode under MPICH's Hydra mpiexec (no ULFM: the mode is chosen
+    from the launcher): rank 1 crashes right after the step-8 checkpoint, the job runs again
+    from it, and every event of the epoch is trained once."""
+    mpich = os.path.join(REPO, ".venv", "mpich")
+    if not os.path.exists(os.path.join(mpich, "bin", "mpirun")):
+        pytest.fail(f"{mpich}/bin/mpirun missing: `make test` installs MPICH's Hydra")
+    events = tmp_path / "events"
+    events.mkdir()
+    cmd = ["-np", "2", "--min-np", "1", sys.executable,
+           *args(toy_file, str(tmp_path / "run"), "--set", "train.checkpoint_every_steps=4")]
+    env = {**ENV, "PATH": f"{mpich}/bin:{ENV['PATH']}", "LD_LIBRARY_PATH": f"{mpich}/lib",
+           "MPI4PY_MPIABI": "mpich", "MPILEARN_TEST_CRASH_AT": "9",
+           "MPILEARN_TEST_EVENTS": str(events)}
+    env.pop("MPILEARN_ELASTIC_MODE", None)
+    proc = subprocess.run([sys.executable, "-m", "mpilearn.run", *cmd], cwd=REPO, text=True,
+                          capture_output=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    assert "mpilearn-run: mpirun -n 2 -genvall" in proc.stderr  # Hydra's
+    assert "deliberate crash before step 9" in proc.stderr
+    assert proc.stderr.count("relaunching from the newest checkpoint (restart 1 of 3)") == 1
+    assert "resumed from" in proc.stdout and "ckpt-e0000-s0000008.pt" in proc.stdout
+    counts = trained(events)
+    assert max(counts.values()) == 1
+    assert sorted(counts) == sorted(order()[:922 // 16 * 16].tolist())
+
+
+@pytest.mark.unit
+def test_the_elastic_section_is_checked_and_takes_the_launchers_bounds(monkeypatch):
+    from mpilearn.core.config import resolve
+
+    with pytest.raises(UsageError, match="did you mean 'train.elastic.min_ranks'"):
+        resolve(None, ["model=m.py", "train.elastic.min_rank=2"])
+    with pytest.raises(UsageError, match=r"'train.elastic.max_ranks' \(2\) is below"):
+        resolve(None, ["model=m.py", "train.elastic.min_ranks=3", "train.elastic.max_ranks=2"])
+    with pytest.raises(UsageError, match="choose one of rank, global"):
+        resolve(None, ["model=m.py", "train.elastic.batch=globl"])
+    monkeypatch.setenv("MPILEARN_ELASTIC_MIN_RANKS", "2")  # mpilearn-run --min-np 2
+    assert resolve(None, ["model=m.py"])["train"]["elastic"]["min_ranks"] == 2
+    assert resolve(None, ["model=m.py", "train.elastic.min_ranks=3"])["train"]["elastic"]["min_ranks"] == 3

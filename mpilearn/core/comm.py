@@ -99,6 +99,35 @@ def context() -> Context:
     return _CONTEXT
 
 
+STATUS_ENV = "MPILEARN_STATUS_FILE"
+
+
+def record_abort(rank: int, code: int) -> None:
+    """Before MPI_Abort: append ``rank code host`` to the job's status file (``mpilearn-run`` names
+    it in MPILEARN_STATUS_FILE). Under ``mpirun --with-ft ulfm`` an aborted job can exit 0, or
+    never end when every rank aborts; the launcher reads this file instead of trusting it."""
+    import socket
+
+    path = os.environ.get(STATUS_ENV)
+    if not path:
+        return
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            line = f"{rank} {code} {socket.gethostname()}\n"  # the host: relaunch leaves it out
+            os.write(fd, line.encode())  # one write: lines of ranks never mix
+        finally:
+            os.close(fd)
+    except OSError:  # a rank on another machine may not see the launcher's file
+        pass
+
+
+def abort(world, code: int) -> None:
+    """MPI_Abort with ``code``, recorded for the launcher first."""
+    record_abort(world.Get_rank(), code)
+    world.Abort(code)
+
+
 def install_abort_hook(comm) -> None:
     """An uncaught exception on any rank prints ``rank R: <traceback>`` and aborts the job.
 
@@ -118,7 +147,7 @@ def install_abort_hook(comm) -> None:
         sys.stderr.write("".join(f"rank {rank}: {line}\n" for line in text.rstrip().splitlines()))
         sys.stderr.flush()
         if world.Get_size() > 1:
-            world.Abort(1)
+            abort(world, 1)
         else:
             os._exit(1)
 
@@ -192,7 +221,7 @@ def install_exit_guard(world) -> None:
                 sys.stderr.write(f"rank {rank}: exited with sys.exit({code!r}) while other ranks "
                                  "were still running; aborting the job\n")
                 sys.stderr.flush()
-                world.Abort(code if isinstance(code, int) and code > 0 else 1)
+                abort(world, code if isinstance(code, int) and code > 0 else 1)
             time.sleep(0.005)
         if _EXIT_GUARD.get("shrunk"):
             # MPI_Finalize after a lost rank hung twice in about 15 runs on a loaded machine

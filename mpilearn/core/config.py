@@ -249,6 +249,7 @@ def resolve(path: Optional[str], sets: Iterable[str] = (), base: Optional[dict] 
     if t["base_batch"] < 0 or t["warmup_epochs"] < 0:
         key = "base_batch" if t["base_batch"] < 0 else "warmup_epochs"
         raise UsageError(f"'train.{key}' must be at least 0, got {t[key]}")
+    _elastic_from_launcher(t["elastic"])
     _check_elastic(t["elastic"])
     if not 0 <= t["seed"] < 2 ** 32:  # numpy's seed range; torch would accept, numpy not
         raise UsageError(f"'train.seed' must be in [0, 2**32), got {t['seed']}")
@@ -260,6 +261,18 @@ def resolve(path: Optional[str], sets: Iterable[str] = (), base: Optional[dict] 
     if not 0 <= config["data"]["val_fraction"] < 1:
         raise UsageError(f"'data.val_fraction' must be in [0, 1), got {config['data']['val_fraction']}")
     return config
+
+
+def _elastic_from_launcher(elastic: dict) -> None:
+    """``mpilearn-run --min-np M --max-np K`` hands its bounds to the ranks in the environment;
+    a config that sets them keeps its own."""
+    for key in ("min_ranks", "max_ranks"):
+        value = os.environ.get(f"MPILEARN_ELASTIC_{key.upper()}")
+        if value and not elastic[key]:
+            try:
+                elastic[key] = int(value)
+            except ValueError:
+                raise UsageError(f"MPILEARN_ELASTIC_{key.upper()}={value!r} is not a number") from None
 
 
 def _check_elastic(elastic: dict) -> None:
