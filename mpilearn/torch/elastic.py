@@ -236,7 +236,7 @@ def _membership() -> mship.Membership:
     m = mship.current()
     if m is None:
         ctx = basics._world().ctx
-        m = mship.Membership(ctx.comm, int(os.environ.get("MPILEARN_MIN_NP") or 1))
+        m = mship.Membership(ctx.comm, int(os.environ.get("MPILEARN_ELASTIC_MIN_RANKS") or 1))
         for state in basics._world().sets.values():
             if state is not None:
                 for c in (state.comm, state.meta, state.data, state.aux, state.sync):
