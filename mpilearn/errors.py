@@ -55,6 +55,11 @@ def exit_status(err: BaseException, rank: int = 0) -> int:
     if isinstance(err, TrainingStopped):
         _say(rank, f"mpilearn: training stopped: {err}")
         return STOPPED_EXIT
+    from .core.membership import BELOW_MIN_EXIT, TooFewRanks
+
+    if isinstance(err, TooFewRanks):
+        _say(rank, f"mpilearn: {err}; continue with --resume auto")
+        return BELOW_MIN_EXIT
     if isinstance(err, SweepFailed):
         _say(rank, f"mpilearn: sweep failed: {err}")
         return SWEEP_FAILED_EXIT

@@ -162,6 +162,7 @@ class GradientReducer:
                 unique.append(p)
         self.params = unique
         self.backend = backend
+        self._scales = (prescale, postscale, average)
         self.factor = prescale * ((postscale / size) if average else postscale)
         self.compression = compression
         self.backward_passes = backward_passes
@@ -176,6 +177,16 @@ class GradientReducer:
         self._hooks = []
         self.overlapped = 0  # buckets launched from backward's hooks (overlap), since creation
         self.seconds = 0.0  # time spent in communication calls and waits, since last reset
+
+    def resize(self, backend, size: int) -> None:
+        """Reduce over ``backend`` (a new communicator of ``size`` ranks, after a membership
+        change) from the next step on; what was in flight is dropped."""
+        prescale, postscale, average = self._scales
+        self.backend = backend
+        self.factor = prescale * ((postscale / size) if average else postscale)
+        for b in self.buckets:
+            b.handle = None
+        self.reset()
 
     def layout(self) -> list:
         """What every rank must agree on: bucket sizes and dtypes, in order."""

@@ -10,6 +10,7 @@ A hostfile has one host per line as ``host slots=N`` (Horovod and Open MPI) or `
 from __future__ import annotations
 
 import argparse
+import collections
 import os
 import re
 import shlex
@@ -122,19 +123,39 @@ def main(argv=None) -> int:
     parser.add_argument("--verbose", action="store_true")
     parser.add_argument("-p", "--ssh-port", type=int, default=None)
     parser.add_argument("--start-timeout", type=int, default=None)
+    # elastic training, with horovodrun's flag names (README "Elastic training")
+    parser.add_argument("--min-np", type=int, default=None,
+                        help="elastic: go on with at least this many ranks")
+    parser.add_argument("--max-np", type=int, default=None, help="elastic: at most this many")
+    parser.add_argument("--max-restarts", type=int, default=3,
+                        help="relaunch mode: relaunches after a crash (default 3)")
+    parser.add_argument("--host-discovery-script", default=None,
+                        help="prints the available hosts, one host:slots a line")
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     if args.gloo:
         parser.error("--gloo: mpilearn runs on MPI only")
     try:
-        if args.hosts and args.hostfile:
-            raise ValueError("give -H/--hosts or --hostfile, not both")
+        if sum(map(bool, (args.hosts, args.hostfile, args.host_discovery_script))) > 1:
+            raise ValueError("give one of -H/--hosts, --hostfile, --host-discovery-script")
+        check_elastic(args)
         hosts = (parse_hosts(args.hosts) if args.hosts else
-                 read_hostfile(args.hostfile) if args.hostfile else None)
+                 read_hostfile(args.hostfile) if args.hostfile else
+                 discover_hosts(args.host_discovery_script) if args.host_discovery_script
+                 else None)
         extra = args.mpi_args
         if args.ssh_port:
             extra += f" --mca plm_rsh_args '-p {args.ssh_port}'"
-        cmd = build_command(args.np, hosts, args.command, args.launcher, extra)
+        mode, env = None, os.environ
+        if args.min_np is not None:
+            mode = elastic_mode(args.launcher, env)
+            env = {**env, **elastic_env(args)}
+            if mode == "ulfm" and "with-ft" not in extra:
+                extra += " --with-ft ulfm"
+        cmd = build_command(args.np, hosts, args.command, args.launcher, extra, env)
+
+        def rebuild(np_, hosts_):  # a relaunch on fewer hosts
+            return build_command(np_, hosts_, args.command, args.launcher, extra, env)
     except (ValueError, OSError) as err:
         sys.stderr.write(f"mpilearn-run: error: {err}\n")
         return 2
@@ -147,13 +168,130 @@ def main(argv=None) -> int:
     if shutil.which(cmd[0]) is None:
         sys.stderr.write(f"mpilearn-run: error: {cmd[0]} not found on PATH\n")
         return 2
+    os.environ.update(env)  # the ranks inherit the elastic bounds
+    if mode == "relaunch":
+        return relaunch(cmd, cmd[0] == "mpirun" and "-np" in cmd, args.np, args.max_restarts,
+                        hosts, args.min_np, rebuild)
     return launch(cmd, cmd[0] == "mpirun" and "-np" in cmd, args.np)
 
 
-READY_WAIT = 10.0  # seconds a stop signal waits for ranks not yet seen listening
+def check_elastic(args) -> None:
+    """horovodrun's rules: min <= np <= max; restarts >= 0."""
+    if args.min_np is None:
+        if args.max_np is not None:
+            raise ValueError("--max-np needs --min-np (an elastic run)")
+        return
+    if not 1 <= args.min_np <= args.np:
+        raise ValueError(f"--min-np {args.min_np} must be between 1 and -np {args.np}")
+    if args.max_np is not None and args.max_np < args.np:
+        raise ValueError(f"--max-np {args.max_np} is below -np {args.np}")
+    if args.max_restarts < 0:
+        raise ValueError(f"--max-restarts must be at least 0, not {args.max_restarts}")
 
 
-def launch(cmd: List[str], open_mpi: bool, ranks: int = 1) -> int:
+def discover_hosts(script: str) -> List[Tuple[str, int]]:
+    """horovodrun's discovery script: it prints the available hosts, ``host:slots`` a line."""
+    try:
+        out = subprocess.run([script], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError) as err:
+        raise ValueError(f"--host-discovery-script {script}: {err}") from None
+    if out.returncode != 0:
+        raise ValueError(f"--host-discovery-script {script} exited {out.returncode}: "
+                         f"{out.stderr.strip()[:200]}")
+    hosts = [h for line in out.stdout.splitlines() if line.strip()
+             for h in parse_hosts(line.strip())]
+    if not hosts:
+        raise ValueError(f"--host-discovery-script {script} printed no host")
+    return hosts
+
+
+MODE_ENV = "MPILEARN_ELASTIC_MODE"  # ulfm | relaunch: overrides the launcher's default
+
+
+def elastic_mode(launcher: str, env=os.environ) -> str:
+    """"ulfm" (in-process recovery) where the launcher is Open MPI 5's mpirun, which has
+    ``--with-ft ulfm``; "relaunch" (from the newest checkpoint) under srun, MPICH, Intel MPI."""
+    if env.get(MODE_ENV) in ("ulfm", "relaunch"):
+        return env[MODE_ENV]
+    if launcher == "srun" or (launcher == "auto" and "SLURM_JOB_ID" in env):
+        return "relaunch"
+    return "ulfm" if mpi_flavour("mpirun") == "openmpi" else "relaunch"
+
+
+def elastic_env(args) -> dict:
+    """The bounds the ranks read as train.elastic.min_ranks / max_ranks (config.py)."""
+    out = {"MPILEARN_ELASTIC_MIN_RANKS": str(args.min_np)}
+    if args.max_np is not None:
+        out["MPILEARN_ELASTIC_MAX_RANKS"] = str(args.max_np)
+    return out
+
+
+# exits that a relaunch cannot help: success, bad input, a stop signal (checkpointed)
+NOT_RETRIED = (0, 2, 75)
+
+
+def relaunch(cmd: List[str], open_mpi: bool, ranks: int, restarts: int,
+             hosts: Optional[List[Tuple[str, int]]] = None, min_ranks: int = 1,
+             rebuild=None) -> int:
+    """Relaunch mode: a job that crashed runs again from its newest checkpoint (``--resume
+    auto`` is added to an mpilearn.train command that has no ``--resume``), up to
+    ``restarts`` times; success, bad input (2) and a stop signal (75) are final. A host on
+    which ranks aborted in two launches is left out (``hosts`` given: ``rebuild(np, hosts)``
+    makes the command), with fewer ranks where its slots are missing, down to ``min_ranks``."""
+    failures: collections.Counter = collections.Counter()
+    aborted: list = []
+    rc = launch(cmd, open_mpi, ranks, aborted)
+    for attempt in range(1, restarts + 1):
+        if rc in NOT_RETRIED:
+            return rc
+        for host in {a[2].split(".")[0] for a in aborted if len(a) > 2}:
+            failures[host] += 1
+        bad = [h for h, _ in hosts or () if failures[h.split(".")[0]] >= 2]
+        if bad and rebuild is not None:
+            hosts = [(h, n) for h, n in hosts if h not in bad]
+            ranks = min(ranks, sum(n for _, n in hosts))
+            sys.stderr.write(f"mpilearn-run: leaving out {', '.join(bad)} (ranks there failed "
+                             f"twice); {ranks} rank(s) on the others\n")
+            if ranks < min_ranks:
+                sys.stderr.write(f"mpilearn-run: fewer than --min-np {min_ranks} ranks left; "
+                                 "giving up\n")
+                return rc
+            cmd = rebuild(ranks, hosts)
+        if "mpilearn.train" in cmd and "--resume" not in cmd:
+            cmd = cmd + ["--resume", "auto"]
+        sys.stderr.write(f"mpilearn-run: the job failed (exit {rc}); relaunching from the "
+                         f"newest checkpoint (restart {attempt} of {restarts})\n")
+        sys.stderr.flush()
+        aborted = []
+        rc = launch(cmd, open_mpi, ranks, aborted)
+    if rc not in NOT_RETRIED:
+        sys.stderr.write(f"mpilearn-run: the job failed (exit {rc}) after {restarts} "
+                         "restart(s); giving up\n")
+    return rc
+
+
+def aborted_ranks(path: str) -> List[tuple]:
+    """(rank, code, host) of every rank that recorded an abort in the job's status file."""
+    out = []
+    try:
+        with open(path) as f:
+            for line in f:
+                fields = line.split()
+                if len(fields) >= 2 and fields[0].isdigit() and fields[1].lstrip("-").isdigit():
+                    out.append((int(fields[0]), int(fields[1]), *fields[2:3]))
+    except OSError:
+        pass
+    return out
+
+
+def honest_status(rc: int, aborted: List[Tuple[int, int]]) -> int:
+    """The job's exit status: never 0 when a rank aborted, whatever the launcher said."""
+    if aborted and rc == 0:
+        return next((a[1] for a in aborted if a[1]), 1)
+    return rc
+
+
+def launch(cmd: List[str], open_mpi: bool, ranks: int = 1, aborted: Optional[list] = None) -> int:
     """Runs the launcher; SIGINT/SIGTERM/SIGHUP to this process (Ctrl-C, ``kill``) reach
     the ranks as a SIGUSR1, which every launcher forwards and none turns into a kill (Open MPI's
     ``mpirun`` SIGKILLs the ranks 0.5 s after a SIGTERM or SIGINT), with the original signal's
@@ -165,19 +303,25 @@ def launch(cmd: List[str], open_mpi: bool, ranks: int = 1) -> int:
     hears it), so the signal is held until all ``ranks`` have said they listen (each creates
     ``<note>.<pid>``, ``preempt.install``), or ``READY_WAIT`` seconds at most: a rank on
     another machine cannot be seen, and a command that is not mpilearn's never says it. A job
-    that a forwarded SIGUSR1 killed anyway ends with one line and status 75 here."""
+    that a forwarded SIGUSR1 killed anyway ends with one line and status 75 here.
+
+    Ranks that abort record it in a status file (``comm.record_abort``; appended to
+    ``aborted`` as (rank, code, host)): the status is then never 0."""
     import glob
     import signal
     import tempfile
     import time
 
+    from ..core.comm import STATUS_ENV
     from .preempt import NOTE_ENV, REQUEUE_EXIT
 
     fd, note = tempfile.mkstemp(prefix="mpilearn-run-", suffix=".signal")
     os.close(fd)
-    if open_mpi:  # the note's variable must be on the ranks: ``-x`` it (the others pass env)
-        cmd = cmd[:1] + ["-x", NOTE_ENV] + cmd[1:]
-    env = {**os.environ, NOTE_ENV: note}
+    fd, status = tempfile.mkstemp(prefix="mpilearn-run-", suffix=".status")
+    os.close(fd)
+    if open_mpi:  # the files' variables must be on the ranks: ``-x`` them (the others pass env)
+        cmd = cmd[:1] + ["-x", NOTE_ENV, "-x", STATUS_ENV] + cmd[1:]
+    env = {**os.environ, NOTE_ENV: note, STATUS_ENV: status}
     # a background process group must not read the terminal (SIGTTIN would stop it)
     stdin = subprocess.DEVNULL if sys.stdin is not None and sys.stdin.isatty() else None
     child = subprocess.Popen(cmd, env=env, stdin=stdin, start_new_session=True)
@@ -200,20 +344,41 @@ def launch(cmd: List[str], open_mpi: bool, ranks: int = 1) -> int:
 
     # SIGHUP too: the launcher's own session no longer hears a closing terminal
     saved = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    aborted_at, killed = None, False
     try:
         while child.poll() is None:
+            if aborted_at is None and os.path.getsize(status):
+                aborted_at = time.monotonic()
+            elif aborted_at is not None and time.monotonic() - aborted_at > ABORT_GRACE:
+                sys.stderr.write(f"mpilearn-run: a rank aborted and the launcher has not ended "
+                                 f"the job {ABORT_GRACE:g} s later; killing it\n")
+                sys.stderr.flush()
+                os.killpg(child.pid, signal.SIGKILL)
+                child.wait()
+                killed = True
+                break
             if held and (len(glob.glob(glob.escape(note) + ".*")) >= ranks
                          or time.monotonic() - held[0] > READY_WAIT):
                 held.clear()
                 child.send_signal(signal.SIGUSR1)
             time.sleep(0.05)
         rc = child.returncode
+        recorded = aborted_ranks(status)
+        if aborted is not None:
+            aborted.extend(recorded)
+        if recorded:
+            who = ", ".join(f"rank {a[0]} (code {a[1]}{' on ' + a[2] if len(a) > 2 else ''})"
+                            for a in recorded)
+            sys.stderr.write(f"mpilearn-run: aborted: {who}\n")
     finally:
         for s, handler in saved.items():
             signal.signal(s, handler)
-        for path in [note] + glob.glob(glob.escape(note) + ".*"):
+        for path in [note, status] + glob.glob(glob.escape(note) + ".*"):
             os.unlink(path)
     rc = 128 - rc if rc < 0 else rc
+    if killed:  # the status is the ranks' record, not the SIGKILL's
+        rc = 0
+    rc = honest_status(rc, recorded)
     # a rank with no handler yet died of it (Open MPI: 128 + 10, Hydra: 10): say it once
     if len(seen) == 1 and rc in (128 + signal.SIGUSR1, signal.SIGUSR1):
         sys.stderr.write(f"mpilearn-run: stopped by {signal.Signals(seen[0]).name} before the "

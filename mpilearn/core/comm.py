@@ -72,6 +72,18 @@ def init(comm=None) -> Context:
     return _CONTEXT
 
 
+def replace_comm(ctx: Context, comm) -> None:
+    """Collective on ``comm``: from now on the job is ``comm`` (the survivors of a lost rank,
+    :mod:`mpilearn.core.membership`); the node-local split and the exit barrier follow it."""
+    MPI = mpi()
+    ctx.comm = comm
+    ctx.local_comm = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
+    ctx.gpus_per_task = None
+    if _EXIT_GUARD:
+        _EXIT_GUARD["comm"] = comm.Dup()
+        _EXIT_GUARD["shrunk"] = True
+
+
 def check_launch(ctx: Context) -> str:
     """Checks that MPI agrees with the launcher (UsageError if not); returns a log line."""
     from ..cluster import launcher
@@ -85,6 +97,35 @@ def context() -> Context:
     if _CONTEXT is None:
         raise RuntimeError("mpilearn.init() has not been called")
     return _CONTEXT
+
+
+STATUS_ENV = "MPILEARN_STATUS_FILE"
+
+
+def record_abort(rank: int, code: int) -> None:
+    """Before MPI_Abort: append ``rank code host`` to the job's status file (``mpilearn-run`` names
+    it in MPILEARN_STATUS_FILE). Under ``mpirun --with-ft ulfm`` an aborted job can exit 0, or
+    never end when every rank aborts; the launcher reads this file instead of trusting it."""
+    import socket
+
+    path = os.environ.get(STATUS_ENV)
+    if not path:
+        return
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            line = f"{rank} {code} {socket.gethostname()}\n"  # the host: relaunch leaves it out
+            os.write(fd, line.encode())  # one write: lines of ranks never mix
+        finally:
+            os.close(fd)
+    except OSError:  # a rank on another machine may not see the launcher's file
+        pass
+
+
+def abort(world, code: int) -> None:
+    """MPI_Abort with ``code``, recorded for the launcher first."""
+    record_abort(world.Get_rank(), code)
+    world.Abort(code)
 
 
 def install_abort_hook(comm) -> None:
@@ -106,7 +147,7 @@ def install_abort_hook(comm) -> None:
         sys.stderr.write("".join(f"rank {rank}: {line}\n" for line in text.rstrip().splitlines()))
         sys.stderr.flush()
         if world.Get_size() > 1:
-            world.Abort(1)
+            abort(world, 1)
         else:
             os._exit(1)
 
@@ -147,6 +188,8 @@ def watch_launcher(rank: int, every: float = 0.5) -> None:
         threading.Thread(target=watch, name="mpilearn-launcher-watch", daemon=True).start()
 
 
+FINALIZE_WAIT_S = int(os.environ.get("MPILEARN_FINALIZE_WAIT", "60"))
+_EXIT_GUARD: dict = {}  # the communicator the exit barrier runs on (replace_comm swaps it)
 EXIT_WAIT_S = float(os.environ.get("MPILEARN_EXIT_WAIT", "10"))
 
 
@@ -160,7 +203,7 @@ def install_exit_guard(world) -> None:
     import atexit
     import time
 
-    guard = world.Dup()
+    _EXIT_GUARD["comm"] = world.Dup()
     rank = world.Get_rank()
     called = {}
     plain_exit = sys.exit
@@ -170,7 +213,7 @@ def install_exit_guard(world) -> None:
         plain_exit(code)
 
     def at_exit():
-        request = guard.Ibarrier()
+        request = _EXIT_GUARD["comm"].Ibarrier()
         deadline = time.monotonic() + EXIT_WAIT_S if "code" in called else None
         while not request.Test():
             if deadline is not None and time.monotonic() > deadline:
@@ -178,8 +221,14 @@ def install_exit_guard(world) -> None:
                 sys.stderr.write(f"rank {rank}: exited with sys.exit({code!r}) while other ranks "
                                  "were still running; aborting the job\n")
                 sys.stderr.flush()
-                world.Abort(code if isinstance(code, int) and code > 0 else 1)
+                abort(world, code if isinstance(code, int) and code > 0 else 1)
             time.sleep(0.005)
+        if _EXIT_GUARD.get("shrunk"):
+            # MPI_Finalize after a lost rank hung twice in about 15 runs on a loaded machine
+            # (ULFM); everything is written by now, so the wait gets a bound: SIGALRM ends it
+            import signal
+
+            signal.alarm(FINALIZE_WAIT_S)
 
     sys.exit = recording_exit
     atexit.register(at_exit)

@@ -62,6 +62,12 @@ SCHEMA: Dict[str, Any] = {
         "physics_events": 512,        # validation events used for the physics score
         "log": ["jsonl"],             # + tensorboard | csv | mlflow (mpilearn.train.loggers)
         "log_every_steps": 0,         # tensorboard: training losses every N steps; 0 = off
+        "elastic": {                  # a run that changes size (README "Elastic training")
+            "min_ranks": 0,           # fewer ranks than this: checkpoint and exit 75; 0 = not elastic
+            "max_ranks": 0,           # grow back up to this many; 0 = the starting size
+            "batch": "rank",          # rank: per-rank batch stays, lr_scaling re-applied | global
+            "snapshot_every": 1,      # steps between in-memory snapshots (ULFM; redone at a loss)
+        },
     },
     "device": {
         "type": "auto",               # auto | cpu | cuda
@@ -84,6 +90,7 @@ CHOICES = {
     "device.type": ("auto", "cpu", "cuda"),
     "data.on_error": ("stop", "skip"),
     "train.best.mode": ("", "min", "max"),
+    "train.elastic.batch": ("rank", "global"),
     "train.early_stopping.mode": ("", "min", "max"),
 }
 
@@ -242,6 +249,8 @@ def resolve(path: Optional[str], sets: Iterable[str] = (), base: Optional[dict] 
     if t["base_batch"] < 0 or t["warmup_epochs"] < 0:
         key = "base_batch" if t["base_batch"] < 0 else "warmup_epochs"
         raise UsageError(f"'train.{key}' must be at least 0, got {t[key]}")
+    _elastic_from_launcher(t["elastic"])
+    _check_elastic(t["elastic"])
     if not 0 <= t["seed"] < 2 ** 32:  # numpy's seed range; torch would accept, numpy not
         raise UsageError(f"'train.seed' must be in [0, 2**32), got {t['seed']}")
     if not 0 < t["elastic_force"] <= 1:
@@ -252,6 +261,28 @@ def resolve(path: Optional[str], sets: Iterable[str] = (), base: Optional[dict] 
     if not 0 <= config["data"]["val_fraction"] < 1:
         raise UsageError(f"'data.val_fraction' must be in [0, 1), got {config['data']['val_fraction']}")
     return config
+
+
+def _elastic_from_launcher(elastic: dict) -> None:
+    """``mpilearn-run --min-np M --max-np K`` hands its bounds to the ranks in the environment;
+    a config that sets them keeps its own."""
+    for key in ("min_ranks", "max_ranks"):
+        value = os.environ.get(f"MPILEARN_ELASTIC_{key.upper()}")
+        if value and not elastic[key]:
+            try:
+                elastic[key] = int(value)
+            except ValueError:
+                raise UsageError(f"MPILEARN_ELASTIC_{key.upper()}={value!r} is not a number") from None
+
+
+def _check_elastic(elastic: dict) -> None:
+    low, high = elastic["min_ranks"], elastic["max_ranks"]
+    for key, value in (("min_ranks", low), ("max_ranks", high)):
+        if value < 0:
+            raise UsageError(f"'train.elastic.{key}' must be at least 0, got {value}")
+    if low and high and high < low:
+        raise UsageError(f"'train.elastic.max_ranks' ({high}) is below 'train.elastic.min_ranks' "
+                         f"({low})")
 
 
 def flatten(tree: dict, prefix: str = "") -> dict:

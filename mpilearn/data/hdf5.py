@@ -3,7 +3,8 @@
 Events, not files, are sharded, so 64 ranks work with 10 files. Global batch ``j`` of an epoch
 is ``order[j*G:(j+1)*G]`` with ``G = local_batch * ranks``, and rank ``r`` reads the ``r``-th
 slice of it: N ranks see exactly the events one rank would see with an N-times larger batch.
-The read position is just (epoch, step), so it is checkpointable.
+The read position is (epoch, events consumed in its order) (``position.py``): checkpointable,
+and readable on at any other rank count.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import numpy as np
 
 from ..errors import UsageError
 from ..cluster.stage import local
+from .position import rank_slice, steps_left
 
 
 class DataError(OSError):
@@ -260,28 +262,42 @@ class ShardedLoader:
             raise UsageError(f"{len(self.events)} training events cannot fill one global batch of "
                              f"{self.global_batch} ({local_batch} per rank x {size} ranks)")
 
-    def local_indices(self, epoch: int, step: int) -> np.ndarray:
-        if getattr(self, "_order_epoch", None) != epoch:  # one permutation per epoch, not per step
-            self._order = epoch_order(len(self.events), epoch, self.seed, self.shuffle)
-            self._order_epoch = epoch
-        start = step * self.global_batch + self.rank * self.local_batch
-        return self.events[self._order[start:start + self.local_batch]]
+    def reshard(self, rank: int, size: int, local_batch: Optional[int] = None) -> None:
+        """Another rank count (and per-rank batch) from the next ``batches()`` on."""
+        self.rank, self.size = rank, size
+        self.local_batch = local_batch or self.local_batch
+        self.global_batch = self.local_batch * size
+        self.steps_per_epoch = len(self.events) // self.global_batch
 
-    def _read(self, epoch: int, step: int) -> dict:
-        index = self.local_indices(epoch, step)
+    def order(self, epoch: int) -> np.ndarray:
+        """The epoch's global event order (event indices), the same on every rank count."""
+        if getattr(self, "_order_epoch", None) != epoch:  # one permutation per epoch, not per step
+            self._order = self.events[epoch_order(len(self.events), epoch, self.seed, self.shuffle)]
+            self._order_epoch = epoch
+        return self._order
+
+    def local_indices(self, epoch: int, position: int) -> np.ndarray:
+        """This rank's events of the global batch that starts ``position`` events into the epoch."""
+        return rank_slice(self.order(epoch), position, self.rank, self.local_batch)
+
+    def _read(self, epoch: int, position: int) -> dict:
+        index = self.local_indices(epoch, position)
         batch = self.files.read(index)
         batch.setdefault("_index", index)  # read() gives the kept ones when it skipped some
         return self.transform(batch) if self.transform else batch
 
-    def batches(self, epoch: int, start_step: int = 0) -> Iterator[dict]:
-        """Yields this rank's batches for steps ``start_step..steps_per_epoch-1``."""
+    def batches(self, epoch: int, position: int = 0, steps: Optional[int] = None) -> Iterator[dict]:
+        """Yields this rank's batches of the epoch from ``position`` (events consumed) on: all
+        whole global batches left, or the first ``steps`` of them."""
+        count = steps_left(len(self.events), position, self.global_batch)
+        count = count if steps is None else min(count, steps)
         q: "queue.Queue" = queue.Queue(maxsize=self.prefetch)
         stop = threading.Event()
 
         def produce():
             try:
-                for step in range(start_step, self.steps_per_epoch):
-                    item = self._read(epoch, step)
+                for k in range(count):
+                    item = self._read(epoch, position + k * self.global_batch)
                     while not stop.is_set():
                         try:
                             q.put(item, timeout=0.1)

@@ -22,7 +22,9 @@ from .basics import (ProcessSet, add_process_set, ccl_built, cross_rank, cross_s
                      stop_timeline)
 from .collectives import (allreduce_, allreduce_async, allreduce_async_, barrier, broadcast_,
                           broadcast_async, broadcast_async_, join, poll, synchronize)
+from . import elastic
 from .compression import Compression
+from .elastic import HostsUpdatedInterrupt
 from .engine import Adasum, Average, HorovodInternalError, Max, Min, Product, Sum
 from .functions import (allgather_object, broadcast_object, broadcast_optimizer_state,
                         broadcast_parameters, sparse_allreduce_async)

@@ -173,6 +173,23 @@ def init(comm=None, process_sets=None):
     return _WORLD.ctx
 
 
+def reinit(ctx) -> None:
+    """The world becomes ``ctx.comm`` (the survivors of a lost rank: ``hvd.elastic``); the old
+    world's communicators are dropped, not freed (they hold a dead rank), and so are process
+    sets other than the global one."""
+    global _WORLD
+    MPI = _comm.mpi()
+    cross = ctx.comm.Split(ctx.local_rank, ctx.rank)
+    _WORLD = _World(ctx, cross)
+    state = _WORLD.sets[0] = SetState(ctx.comm, list(range(ctx.size)))
+    for c in (state.meta, state.data, state.aux, state.sync, cross):
+        c.Set_errhandler(MPI.ERRORS_RETURN)
+    _WORLD.set_ranks[0] = tuple(range(ctx.size))
+    global_process_set.ranks = list(range(ctx.size))
+    global_process_set.mpi_comm = ctx.comm
+    _BY_COMM.clear()
+
+
 def _find(ranks) -> Optional[int]:
     for i, r in _world().set_ranks.items():
         if list(r) == list(ranks):

@@ -39,6 +39,17 @@ def get_backend(name: Optional[str] = None, comm=None, device: str = "cpu"):
     return _BACKENDS[key]
 
 
+def rebind(optimizer, comm) -> None:
+    """A DistributedOptimizer reduces over ``comm`` from its next step on (the survivors'
+    communicator after a lost rank; ``mpilearn.core.membership``)."""
+    reducer = getattr(optimizer, "_reducer", None)
+    if reducer is None:
+        return
+    device = str(reducer.params[0].device) if reducer.params else "cpu"
+    reducer.resize(get_backend(reducer.backend.name, comm, device), comm.Get_size())
+    optimizer._synchronized = False
+
+
 class _DistributedMixin:
     """Mixed into the user's optimizer class: gradients are reduced before ``step()``."""
 

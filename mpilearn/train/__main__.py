@@ -41,6 +41,10 @@ config keys (YAML; --set uses dotted names):
   train.validate_every       0 (off)  physics score every N epochs (GAN tasks)
   train.physics_events       512    validation events used for the physics score
   train.log                  [jsonl] + tensorboard | csv | mlflow   train.log_every_steps  0
+  train.elastic.{min_ranks,max_ranks,batch}  0 (not elastic), 0 (= start size), rank | global:
+                             at another rank count keep the per-rank batch (lr_scaling again)
+                             or the global batch (README "Elastic training")
+  train.elastic.snapshot_every  1  steps between in-memory snapshots (a lost rank redoes them)
   device.type                auto | cpu | cuda    device.allow_shared_gpus  false
   output                     run directory (default runs/<model>-<time>)
 

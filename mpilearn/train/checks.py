@@ -44,6 +44,10 @@ SAFE_ON_RESUME = {"output", "train.epochs", "train.max_steps_per_epoch", "train.
                   "train.compile", "train.channels_last",  # how it runs, not what it trains
                   "train.early_stopping.min_delta", "data.prefetch", "data.on_error",
                   "device.allow_shared_gpus", "train.log", "train.log_every_steps",
+                  # how many may run it, and the batch at a size change (the checkpoint keeps
+                  # the global batch it was trained with)
+                  "train.elastic.min_ranks", "train.elastic.max_ranks", "train.elastic.batch",
+                  "train.elastic.snapshot_every",
                   # an HPO fold's config carries the sweep's: these do not change its training
                   "search.budget", "search.trial_timeout", "search.enqueue", "search.warm_start",
                   "search.blocks"}

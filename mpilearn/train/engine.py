@@ -11,6 +11,7 @@ Everything takes the communicator it is given.
 from __future__ import annotations
 
 import collections
+import copy
 import os
 import sys
 import time
@@ -23,10 +24,11 @@ from ..core import comm as mcomm
 from ..cluster import preempt
 from ..core.config import dump
 from ..data.hdf5 import ShardedLoader
+from ..data.position import from_steps, steps_left
 from ..errors import TrainingStopped, UsageError
 from ..core.io import append_jsonl, read_jsonl
 from . import checkpoint as ckpt
-from . import best, loggers, lr_rules, stops
+from . import best, elastic, loggers, lr_rules, resize, stops
 from .callbacks import BestCheckpoint, EarlyStopping, EpochLog, task_callbacks
 from .checks import clear_run_dir, remove_stale_temp
 from .evaluation import evaluate, test_pass
@@ -69,6 +71,7 @@ class Trainer:
         self.train_events, self.val_events = plan.events
         self.val_source = self.val_files or self.train_files
         self.strategy = make_strategy(train, comm)
+        self.batch_size = plan.batch_size or train["batch_size"]  # per rank, in force
         self.loader = self._make_loader()
 
         # rank 0 writes; stale temp files of killed writes go
@@ -94,22 +97,50 @@ class Trainer:
         self.base_lrs = self.task.learning_rates()
         torch.manual_seed(train["seed"] * 1000 + ctx.rank + 1)  # per-rank noise from here on
         self.callbacks = self._default_callbacks()
+        self.membership, self.snapshots = None, None
+        if elastic.settings(config) is not None:
+            self._make_elastic(elastic.settings(config))
 
-        # position and running state
-        self.epoch, self.step_in_epoch, self.global_step = 0, 0, 0
+        # position (the epoch's events consumed, and its steps taken) and running state
+        self.epoch, self.step_in_epoch, self.global_step, self.position = 0, 0, 0, 0
         self.acc = self._empty_acc()
         self.lr, self.lrs = None, {}
         if plan.checkpoint:
             self._restore(*plan.checkpoint)
+        if self.snapshots is not None:
+            self.snapshots.maybe_take(self, force=True)
+            if ctx.rank == 0:
+                e = elastic.settings(config)
+                print(f"mpilearn: elastic: min_ranks {e['min_ranks']}; an in-memory snapshot "
+                      f"every {self.snapshots.every} step(s), "
+                      f"{self.snapshots.kept[-1].nbytes() / 2**20:.3g} MiB each, 2 kept",
+                      flush=True)
         # the run's identity, written once every check passed (a refused --resume --force
         # leaves the saved config as it was)
         if ctx.rank == 0:
             dump(config, os.path.join(self.output, "config.yaml"))
 
+    def _make_elastic(self, settings: dict) -> None:
+        """The membership every holder of the communicator follows, and the first snapshot."""
+        from ..core import comm as core_comm, membership
+
+        self.membership = membership.Membership(self.ctx.comm, int(settings["min_ranks"]),
+                                                int(settings.get("max_ranks") or 0))
+        membership.set_current(self.membership)
+
+        def follow(new, change):  # the one list of who holds the job's communicator
+            core_comm.replace_comm(self.ctx, new)
+            self.strategy.comm = new
+            self.task.rebind(new)
+
+        self.membership.on_change(follow)
+        self.snapshots = elastic.Snapshots(settings.get("snapshot_every") or 1)
+        self._first_after_loss = False
+
     def _make_loader(self):
         t = self.config["train"]
         rank, size = self.strategy.shard(self.ctx.rank, self.ctx.size)
-        return ShardedLoader(self.train_files, self.train_events, t["batch_size"], rank,
+        return ShardedLoader(self.train_files, self.train_events, self.batch_size, rank,
                              size, seed=t["seed"], shuffle=self.config["data"]["shuffle"],
                              prefetch=self.config["data"]["prefetch"], transform=self.task.transform)
 
@@ -130,14 +161,28 @@ class Trainer:
 
     @property
     def steps_per_epoch(self) -> int:
+        """A whole epoch's steps at the current size."""
         cap = self.config["train"]["max_steps_per_epoch"]
         return min(self.loader.steps_per_epoch, cap) if cap > 0 else self.loader.steps_per_epoch
+
+    def _steps_left(self) -> int:
+        """The epoch's steps from the current position (``max_steps_per_epoch`` caps the
+        steps taken in the epoch, at whatever sizes)."""
+        left = steps_left(len(self.loader.events), self.position, self.loader.global_batch)
+        cap = self.config["train"]["max_steps_per_epoch"]
+        return min(left, max(0, cap - self.step_in_epoch)) if cap > 0 else left
+
+    def _warmup_step(self, spe: int, global_batch: int) -> float:
+        """The position as steps of this size since the run began (the warm-up follows the
+        data, so it survives a size change; at one size it is the global step)."""
+        return self.epoch * spe + self.position / global_batch
 
     # -- learning rate -------------------------------------------------------------------
     def _set_lr(self) -> float:
         """Every optimizer's rates for the next step (``lr_rules``); returns the first."""
-        f = lr_rules.from_config(self.config["train"], self.ctx.size, self.steps_per_epoch,
-                                 self.global_step)
+        spe = self.steps_per_epoch
+        f = lr_rules.from_config(self.config["train"], self.ctx.size, spe,
+                                 self._warmup_step(spe, self.loader.global_batch), self.batch_size)
         lrs = {k: [base * f for base in bases] for k, bases in self.base_lrs.items()}
         self.task.set_learning_rates(lrs)
         self.lrs = {k: v[0] for k, v in lrs.items()}
@@ -167,6 +212,9 @@ class Trainer:
         if self.ctx.rank == 0:
             state = {"task": self.task.state_dict(), "epoch": self.epoch,
                      "step_in_epoch": self.step_in_epoch, "global_step": self.global_step,
+                     # events consumed in the epoch: any rank count reads on from here
+                     "position": self.position, "global_batch": self.loader.global_batch,
+                     "local_batch": self.batch_size,
                      "rng": rngs, "acc": self.acc, "acc_per_rank": accs,
                      "world_size": self.ctx.size,
                      "strategy": strategy,
@@ -187,6 +235,11 @@ class Trainer:
                              f"{detail}") from None
         self.epoch, self.step_in_epoch = state["epoch"], state["step_in_epoch"]
         self.global_step = state["global_step"]
+        saved_global, saved_ranks = resize.saved_batches(state, self.config["train"]["batch_size"])
+        if "position" not in state:  # written before positions were kept
+            g = self.loader.global_batch if saved_ranks == self.ctx.size else saved_global
+            state["position"] = from_steps(self.step_in_epoch, g)
+        self.position = state["position"]
         self.acc = self._restored_acc(state)
         saved = state.get("callbacks", {})
         for cb in self.callbacks:
@@ -197,11 +250,27 @@ class Trainer:
         if len(rngs) == self.ctx.size:
             ckpt.set_rng_state(rngs[self.ctx.rank])
         elif self.ctx.rank == 0:
-            print(f"mpilearn: checkpoint was written by {len(rngs)} ranks, now {self.ctx.size}: "
-                  "RNG streams restart", flush=True)
+            print(self._resize_line(saved_global, saved_ranks), flush=True)
         if self.ctx.rank == 0:
             print(f"mpilearn: resumed from {path} (epoch {self.epoch}, step {self.step_in_epoch})",
                   flush=True)
+
+    def _resize_line(self, old_global: int, old_ranks: int) -> str:
+        """Rank 0's one line at a resume on another rank count: sizes, batches, lr."""
+        t, loader = self.config["train"], self.loader
+        cap, n = t["max_steps_per_epoch"], len(loader.events)
+
+        def lr(ranks, global_batch):
+            spe = min(n // global_batch, cap) if cap > 0 else n // global_batch
+            f = lr_rules.from_config(t, ranks, spe, self._warmup_step(spe, global_batch),
+                                     global_batch // ranks)
+            return next(iter(self.base_lrs.values()))[0] * f if self.base_lrs else None
+
+        return resize.describe(old_ranks, self.ctx.size, old_global, self.batch_size,
+                               loader.global_batch, t["elastic"]["batch"],
+                               lr(old_ranks, old_global), lr(self.ctx.size, loader.global_batch),
+                               t["lr_scaling"], f"epoch {self.epoch + 1}, event {self.position} "
+                               f"of {n}")
 
     def _restored_acc(self, state: dict) -> dict:
         """This rank's running sums of the checkpointed epoch. With another rank count, the
@@ -254,18 +323,13 @@ class Trainer:
         last = {}
         stopped = False
         while self.epoch < t["epochs"] and not stopped:
-            self._run_epoch()
-            self._account(self._epoch_start)
-            self.strategy.end_epoch()
-            record = self._epoch_record()
-            self.history.append(record)
-            # every callback runs (none is skipped because an earlier one stops)
-            stopped = any([cb.on_epoch_end(record) for cb in self.callbacks])
+            if self.membership is not None:
+                from ..core.membership import run_guarded
+
+                record, stopped = run_guarded(self.membership, self._one_epoch, self._after_loss)
+            else:
+                record, stopped = self._one_epoch()
             last = record
-            self.epoch += 1
-            self.step_in_epoch = 0
-            self.acc = self._empty_acc()
-            best.keep_if_improved(self.task, self.output, self._save(), self.callbacks)
         if self.test_files is not None:
             last["test"] = test_pass(self.task, self.test_files, self.config["train"]["batch_size"],
                                      self.ctx.comm, self.output, self.epoch, self.config)
@@ -276,6 +340,96 @@ class Trainer:
                   flush=True)
         return last
 
+    def _one_epoch(self) -> tuple:
+        """The epoch from the current position, its record, callbacks and checkpoint; returns
+        (record, whether a callback stops training)."""
+        self._run_epoch()
+        self._account(self._epoch_start)
+        self.strategy.end_epoch()
+        record = self._epoch_record()
+        self.history.append(record)
+        # every callback runs (none is skipped because an earlier one stops)
+        stopped = any([cb.on_epoch_end(record) for cb in self.callbacks])
+        self.epoch += 1
+        self.step_in_epoch, self.position = 0, 0
+        self.acc = self._empty_acc()
+        best.keep_if_improved(self.task, self.output, self._save(), self.callbacks)
+        if self.snapshots is not None:
+            self.snapshots.maybe_take(self, force=True)
+        return record, stopped
+
+    def _after_loss(self, change) -> None:
+        """The survivors of a lost rank (``membership.recover`` gave them their communicator):
+        back to the newest step every one of them holds, the rest of the epoch re-sharded;
+        rank 0's duties to the lowest survivor; below min_ranks, a checkpoint and exit 75."""
+        from ..core import membership
+
+        step = self.membership.agree_min(self.snapshots.newest_step())
+        if change.leader_lost and self.ctx.rank == 0:
+            self._take_over_leader()
+        self._restore_snapshot(self.snapshots.at(step))
+        lr = self._set_lr()
+        below = change.new_size < self.membership.min_ranks
+        if self.ctx.rank == 0:  # the one line (below min_ranks, exit_status says the rest)
+            how = ", ".join(f"rank {r} on {h}" for r, h in change.lost)
+            if not below:
+                print(f"mpilearn: lost {how} at step {self.global_step + 1} (epoch "
+                      f"{self.epoch + 1}); going on with {self.ctx.size} rank(s) from step "
+                      f"{self.global_step}, global batch {self.loader.global_batch}, lr {lr:.6g}"
+                      + ("; rank 0's duties moved here" if change.leader_lost else ""), flush=True)
+            append_jsonl(self.metrics_path, {
+                "epoch": self.epoch + 1, "step": self.global_step, "membership": change.record(),
+                "position": self.position, "global_batch": self.loader.global_batch,
+                "lr": lr})
+        self._first_after_loss = True
+        if below:
+            self._save()
+            raise membership.TooFewRanks(change, self.membership.min_ranks,
+                                         self.global_step)
+
+    def _restore_snapshot(self, snap) -> None:
+        """Every survivor back to ``snap`` (its own copy of that step), on the new size."""
+        # a copy: an optimizer's load_state_dict keeps the very tensors it is given, and the
+        # snapshot must stay as it is (a second loss before the next one goes back to it)
+        self.task.load_state_dict(copy.deepcopy(snap.task))
+        for opt in self.task.optimizers().values():
+            reducer = getattr(opt, "_reducer", None)
+            if reducer is not None:
+                reducer.reset()
+        self.epoch, self.step_in_epoch = snap.epoch, snap.step_in_epoch
+        self.global_step, self.acc = snap.global_step, dict(snap.acc, losses=dict(snap.acc["losses"]))
+        self.position = snap.position
+        ckpt.set_rng_state(snap.rng)
+        self._resize_batch(snap)
+        self.callbacks = self._default_callbacks()
+        for cb in self.callbacks:
+            if snap.callbacks.get(cb.name):
+                cb.load_state_dict(snap.callbacks[cb.name])
+        self.snapshots.kept = [snap]
+
+    def _resize_batch(self, snap) -> None:
+        """The per-rank batch on the new size (``train.elastic.batch``) and the loader for it.
+        A global batch the survivors cannot share: a checkpoint, then the UsageError."""
+        shards = self.strategy.shard(self.ctx.rank, self.ctx.size)[1]
+        try:
+            self.batch_size = resize.local_batch(self.config["train"], shards,
+                                                 (snap.global_batch, snap.ranks))
+        except UsageError:
+            self._save()
+            raise
+        self.loader = self._make_loader()
+
+    def _take_over_leader(self) -> None:
+        """Rank 0 was lost: this process (the lowest survivor) becomes the run's one writer."""
+        from ..core import runlock
+
+        self.log = loggers.Loggers(self.config["train"]["log"], self.output)
+        lock = runlock.RunLock(os.path.join(self.output, runlock.NAME), self.output)
+        lock.acquire(force=True)  # its holder is the lost rank 0: MPI said so
+        import atexit
+
+        atexit.register(lock.release)
+
     def _run_epoch(self) -> None:
         """The strategy's epoch from the current position; the position follows it."""
         t = self.config["train"]
@@ -284,17 +438,19 @@ class Trainer:
         self.strategy.pop_seconds()
         self._epoch_start = time.perf_counter()
         self._set_lr()  # also when a resumed epoch has no steps left
+        left = self._steps_left()
         ec = EpochContext(epoch=self.epoch, steps=self.steps_per_epoch, loader=self.loader,
-                          acc=self.acc, batch_size=t["batch_size"], set_lr=self._set_lr,
+                          acc=self.acc, batch_size=self.batch_size, set_lr=self._set_lr,
                           after_step=self._after_step, check_read=self._check_read,
                           stop_requested=lambda: (preempt.requested() is not None
                                                   or self._past_deadline()),
-                          step_in_epoch=self.step_in_epoch, global_step=self.global_step)
+                          step_in_epoch=self.step_in_epoch, global_step=self.global_step,
+                          position=self.position, steps_left=left)
         self.bar = None
         if self.progress and self.strategy.trains:
             from tqdm import tqdm
 
-            self.bar = tqdm(total=self.steps_per_epoch, initial=self.step_in_epoch,
+            self.bar = tqdm(total=self.step_in_epoch + left, initial=self.step_in_epoch,
                             desc=f"epoch {self.epoch + 1}/{t['epochs']}", unit="step",
                             file=sys.stderr, dynamic_ncols=True, leave=False)
         try:
@@ -303,10 +459,11 @@ class Trainer:
             if self.bar is not None:
                 self.bar.close()
             if ec.restart:  # an asynchronous epoch stopped by a signal runs again
-                self.step_in_epoch, self.acc = 0, self._empty_acc()
+                self.step_in_epoch, self.position, self.acc = 0, 0, self._empty_acc()
             elif ec.finished_steps is not None:
                 self.global_step += ec.finished_steps - self.step_in_epoch
                 self.step_in_epoch = ec.finished_steps
+                self.position = ec.finished_steps * self.loader.global_batch
 
     def _after_step(self, losses: dict, upcoming=None) -> None:
         """After every synchronous step: counters, step logs, the stop check (which also
@@ -318,6 +475,7 @@ class Trainer:
         self.acc["samples"] += self.loader.global_batch
         self.step_in_epoch += 1
         self.global_step += 1
+        self.position += self.loader.global_batch
         if self.log is not None and t["log_every_steps"] \
                 and self.global_step % t["log_every_steps"] == 0:
             self.log.steps(self.global_step, losses)
@@ -325,8 +483,14 @@ class Trainer:
             self.bar.update(1)
             self.bar.set_postfix({k: f"{v:.4g}" for k, v in losses.items()}, refresh=False)
         self._check_stop(upcoming)
+        if self.snapshots is not None:
+            self.snapshots.maybe_take(self)
+            if self._first_after_loss and self.ctx.rank == 0:  # recovery time (bench/elastic.py)
+                append_jsonl(self.metrics_path, {"epoch": self.epoch + 1, "step": self.global_step,
+                                                 "first_step_after_loss_at": time.time()})
+            self._first_after_loss = False
         every = t["checkpoint_every_steps"]
-        if every and self.global_step % every == 0 and self.step_in_epoch < self.steps_per_epoch:
+        if every and self.global_step % every == 0 and self._steps_left() > 0:
             self._account(self._epoch_start)
             self._epoch_start = time.perf_counter()
             self._save()

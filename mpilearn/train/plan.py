@@ -19,8 +19,8 @@ from ..core.builders import load_builder
 from ..core.comm import fail_usage
 from ..data.hdf5 import ShardedLoader
 from ..errors import UsageError
-from . import checkpoint as ckpt
-from . import loggers
+from . import checkpoint as ckpt, elastic
+from . import loggers, resize
 from .checks import (check_framework, check_hparams, check_monitor, check_output,
                      check_precision, check_run_dir, choose_device, default_output, dry_run,
                      open_files)
@@ -40,6 +40,7 @@ class Plan:
                         # prints it; an HPO fold, where starting fresh is the rule, does not)
     device: str = "cpu"  # this rank's
     task: object = None  # rank 0's, built for the checks (the others build theirs)
+    batch_size: int = 0  # the per-rank batch in force (train.elastic.batch at a size change)
 
 
 def make(config: dict, ctx, output: Optional[str] = None, resume=False,
@@ -76,6 +77,7 @@ def _check(config, ctx, output, resume, events, overwrite, force, device_problem
     task = new_task(config)
     check_precision(task, train["precision"])
     check_framework(task, train)
+    elastic.check(config, task, ctx.size)
 
     files = open_files(config, task)
     for f in files:
@@ -98,7 +100,14 @@ def _check(config, ctx, output, resume, events, overwrite, force, device_problem
     checkpoint = _checkpoint(folder, resume, notes) if resume else None
     fresh = f"mpilearn: no checkpoint in {folder}; starting fresh" \
         if resume and checkpoint is None else ""
-    return Plan(output, notes, counted(files), split, monitors, checkpoint, fresh, task=task)
+    # the batch policy at another rank count than the checkpoint's (resize.py)
+    shards = strategy.shard(0, ctx.size)[1]
+    saved = resize.saved_batches(checkpoint[1], train["batch_size"]) if checkpoint else None
+    batch = resize.local_batch(train, shards, saved)
+    if batch != train["batch_size"]:
+        ShardedLoader(files[0], split[0], batch, 0, shards)
+    return Plan(output, notes, counted(files), split, monitors, checkpoint, fresh, task=task,
+                batch_size=batch)
 
 
 def _checkpoint(folder: str, resume, notes: list) -> Optional[tuple]:

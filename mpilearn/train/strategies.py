@@ -38,7 +38,9 @@ class EpochContext:
     after_step: Callable[..., None]     # after each local step (losses, the next batch or
                                         # its read's DataError): counters, logs, stop check
     stop_requested: Callable[[], bool]  # a stop signal or the deadline (polled by a master)
-    step_in_epoch: int = 0              # where the epoch starts (a resumed one mid-way)
+    step_in_epoch: int = 0              # steps already taken in the epoch (a resumed one)
+    position: int = 0                   # events of the epoch's order already consumed
+    steps_left: Optional[int] = None    # the synchronous epoch's steps from ``position`` on
     global_step: int = 0                # steps before this epoch's start position
     finished_steps: Optional[int] = None  # set by a strategy that advances in bulk (async)
     restart: bool = False               # the epoch must run again (async, on a stop signal)
@@ -79,20 +81,20 @@ class Strategy:
         pass
 
     def _steps(self, ec: EpochContext, after_step=None) -> None:
-        """The synchronous epoch: this rank's batches from ``ec.step_in_epoch`` on. The next
+        """The synchronous epoch: this rank's batches from ``ec.position`` on. The next
         batch is taken before the step's collective stop check, so a read that fails on any
         rank stops every rank there, together (one message, not a traceback per rank)."""
-        batches = ec.loader.batches(ec.epoch, ec.step_in_epoch)
-        step = ec.step_in_epoch
+        left = ec.steps - ec.step_in_epoch if ec.steps_left is None else ec.steps_left
+        batches = ec.loader.batches(ec.epoch, ec.position, left)
         try:
-            batch = _next(batches) if step < ec.steps else None
+            batch = _next(batches) if left > 0 else None
             if ec.check_read is not None:
                 ec.check_read(batch)
             while batch is not None:
                 ec.set_lr()
                 losses = self.task.train_step(batch)
-                step += 1
-                batch = _next(batches) if step < ec.steps else None
+                left -= 1
+                batch = _next(batches) if left > 0 else None
                 if after_step is not None:
                     after_step()
                 ec.after_step(losses, batch)

