@@ -154,4 +154,5 @@ def test_the_elastic_section_is_checked_and_takes_the_launchers_bounds(monkeypat
         resolve(None, ["model=m.py", "train.elastic.batch=globl"])
     monkeypatch.setenv("MPILEARN_ELASTIC_MIN_RANKS", "2")  # mpilearn-run --min-np 2
     assert resolve(None, ["model=m.py"])["train"]["elastic"]["min_ranks"] == 2
-    assert resolve(None, ["model=m.py", "train.elastic.min_ranks=3"])["train"]["elastic"]["min_ranks"] == 3
+    own = resolve(None, ["model=m.py", "train.elastic.min_ranks=3"])
+    assert own["train"]["elastic"]["min_ranks"] == 3
