@@ -11,6 +11,7 @@ import time
 
 import numpy as np
 import pytest
+import torch
 
 from conftest import ENV, REPO, TESTS, mpirun, mpirun_cmd, shared, train_args
 from mpilearn.data.hdf5 import epoch_order, split_events
@@ -92,6 +93,40 @@ def test_resume_at_another_size_trains_every_event_once(stopped, toy_file, tmp_p
     counts = trained(events)
     assert max(counts.values()) == 1
     assert sorted(counts) == sorted(want.tolist())
+    if np_ == 1:  # float64: the weights are those of the same steps taken in one process
+        final = ckpt.load(ckpt.latest(str(out / "checkpoints")))["task"]["models"]["model"]
+        want_weights = replay(toy_file, [(16, 0.02, position // 16),
+                                         (8, 0.01, (922 - position) // 8)])
+        for k, v in want_weights.items():
+            torch.testing.assert_close(final[k], v, rtol=0, atol=1e-12)
+
+
+def replay(toy_file, phases):
+    """The steps of an epoch in one process: (global batch, lr, steps) per phase, in the
+    epoch's order; a global batch's mean gradient is what the ranks' allreduce averages."""
+    import h5py
+    from mpi4py import MPI
+
+    import mpilearn
+    from mpilearn.train.setup import new_task
+
+    mpilearn.init()  # a world of one (tests/models/slow.py asks for the rank)
+    config = {"model": f"{TESTS}/models/counting.py", "hparams": {"sleep": 0.0},
+              "train": {"seed": 0, "deterministic": True, "precision": "fp32", "compile": "off",
+                        "channels_last": "auto"}}
+    task = new_task(config)
+    task.setup(MPI.COMM_SELF, "cpu", "mpi", 0, distributed=False)
+    with h5py.File(toy_file) as f:
+        data = {k: f[k][:] for k in ("X", "y")}
+    events, position = order(), 0
+    for g, lr, steps in phases:
+        for group in task.optimizer.param_groups:
+            group["lr"] = lr
+        for _ in range(steps):
+            index = events[position:position + g]
+            task.train_step(task.transform({k: v[index] for k, v in data.items()}))
+            position += g
+    return task.state_dict()["models"]["model"]
 
 
 @pytest.mark.unit
@@ -154,4 +189,5 @@ def test_the_elastic_section_is_checked_and_takes_the_launchers_bounds(monkeypat
         resolve(None, ["model=m.py", "train.elastic.batch=globl"])
     monkeypatch.setenv("MPILEARN_ELASTIC_MIN_RANKS", "2")  # mpilearn-run --min-np 2
     assert resolve(None, ["model=m.py"])["train"]["elastic"]["min_ranks"] == 2
-    assert resolve(None, ["model=m.py", "train.elastic.min_ranks=3"])["train"]["elastic"]["min_ranks"] == 3
+    own = resolve(None, ["model=m.py", "train.elastic.min_ranks=3"])
+    assert own["train"]["elastic"]["min_ranks"] == 3

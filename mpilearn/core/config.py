@@ -63,7 +63,7 @@ SCHEMA: Dict[str, Any] = {
         "log": ["jsonl"],             # + tensorboard | csv | mlflow (mpilearn.train.loggers)
         "log_every_steps": 0,         # tensorboard: training losses every N steps; 0 = off
         "elastic": {                  # a run that changes size (README "Elastic training")
-            "min_ranks": 0,           # fewer ranks than this: checkpoint and exit 75; 0 = not elastic
+            "min_ranks": 0,           # below this: checkpoint and exit 75; 0 = not elastic
             "max_ranks": 0,           # grow back up to this many; 0 = the starting size
             "batch": "rank",          # rank: per-rank batch stays, lr_scaling re-applied | global
             "snapshot_every": 1,      # steps between in-memory snapshots (ULFM; redone at a loss)
@@ -272,7 +272,8 @@ def _elastic_from_launcher(elastic: dict) -> None:
             try:
                 elastic[key] = int(value)
             except ValueError:
-                raise UsageError(f"MPILEARN_ELASTIC_{key.upper()}={value!r} is not a number") from None
+                raise UsageError(f"MPILEARN_ELASTIC_{key.upper()}={value!r} is not a "
+                                 "number") from None
 
 
 def _check_elastic(elastic: dict) -> None:
