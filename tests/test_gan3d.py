@@ -257,7 +257,8 @@ def test_bf16_autocast_step_stays_close_to_fp32():
 def test_gan_training_with_validation_and_validate_cli(showers_dir, tmp_path):
     out = tmp_path / "run"
     proc = gan_run(2, showers_dir, out, 4, "--set", "train.epochs=2", "--set", "train.validate_every=1",
-                   "--set", "train.physics_events=40", "--set", "train.log=[jsonl,tensorboard]")
+                   "--set", "train.physics_events=40", "--set", "train.log=[jsonl,tensorboard]",
+                   "--set", "train.classifier_every=2")
     assert proc.returncode == 0, proc.stderr
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -273,7 +274,13 @@ def test_gan_training_with_validation_and_validate_cli(showers_dir, tmp_path):
     # ... finite over the cells the MC fills, and the score beside its MC-vs-MC floor
     assert all(np.isfinite(l["reference_metric_filled"]) and l["score_floor"] > 0
                and l["score_ratio"] == pytest.approx(l["score"] / l["score_floor"]) for l in lines)
-    assert "score_ratio" in proc.stdout and "reference_metric_filled" in proc.stdout
+    # the CaloChallenge's numbers every validation, the classifier every second one
+    assert all(l["fpd_floor"] is not None and "separation_power_ratio" in l for l in lines)
+    assert "auc_high" not in lines[0] and 0 <= lines[1]["auc_high"] <= 1
+    # a short epoch line: the headline numbers with their floor ratios, no raw dict
+    epoch_lines = [l for l in proc.stdout.splitlines() if l.startswith("epoch ")]
+    assert len(epoch_lines) == 2 and all("x floor)" in l and "{" not in l for l in epoch_lines)
+    assert "auc_high" in epoch_lines[1] and len(epoch_lines[1]) < 450, epoch_lines
     assert {"train_d_loss", "train_g_loss", "train_g_ecal", "val_d_loss", "val_g_loss"} <= set(lines[0])
     for name in ("profiles.png", "sampling_fraction.png", "spectra.png", "validation.json",
                  "reference_observables.png", "discriminator.png"):

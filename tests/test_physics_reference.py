@@ -139,11 +139,14 @@ def test_validate_generated_second_sample_and_json(showers_dir, tmp_path):
     same = json.load(open(tmp_path / "same.json"))
     assert same["events"] == 80  # 160 MC events: 80 compared, 80 more for the floor
     assert same["reference_metric"] == pytest.approx(0, abs=1e-6)  # mtheta vs measured: float
-    assert same["score"] == 0 and same["sampling_fraction_mre"] == 0
+    assert same["score"] == pytest.approx(0, abs=1e-12)  # paired by conditions: reordered sums
+    assert same["sampling_fraction_mre"] == pytest.approx(0, abs=1e-12)
     assert "reference_metric" in proc.stdout and "sampling_fraction_mre" in proc.stdout
     for name in ("reference_observables.png", "sampling_fraction.png", "validation.json"):
         assert (tmp_path / "same" / name).exists(), name
-    assert same["auc_high"] == pytest.approx(0.5, abs=0.1) and same["fpd"] == 0
+    # 32 validation events per classifier run: 0.5 within its noise
+    assert same["auc_high"] == pytest.approx(0.5, abs=0.2) and same["fpd"] < 1e-6
+    assert "fpd" in proc.stdout and "auc_high" in proc.stdout
     # a second, independent MC sample, each event with its own conditioning: paired by (E, θ)
     # as the floor is (paired by order, it scored 6.7 x the floor)
     other = tmp_path / "other"
@@ -154,7 +157,8 @@ def test_validate_generated_second_sample_and_json(showers_dir, tmp_path):
     assert proc.returncode == 0, proc.stderr
     result = json.load(open(tmp_path / "other.json"))
     assert 0 < result["sampling_fraction_mre"] < 0.2 and result["reference_metric"] > 0
-    assert result["score_ratio"] < 2 and result["generated_condition_mismatch"]["angle"] < 0.05
+    assert result["score_ratio"] < 2, result
+    assert result["generated_condition_mismatch"]["angle_ks_pvalue"] > 1e-3
     # showers made for other energies are refused, with the reason
     far = tmp_path / "far"
     simulate(str(far), 60, "angle", (20, 60), 6, 60, progress=False)
@@ -288,7 +292,8 @@ def test_validate_generated_second_mc_sample_scores_near_the_floor(showers_dir, 
     assert "MC-vs-MC floor" in proc.stdout
     # the folder is there now: refused (nothing read), unless --overwrite
     again = ["-m", "mpilearn.validate", "--generated", f"{other}/*.h5", "--mc",
-             f"{showers_dir}/*.h5", "--events", "20", "--no-plots", "--output", str(tmp_path / "v")]
+             f"{showers_dir}/*.h5", "--events", "20", "--no-plots", "--no-classifier",
+             "--output", str(tmp_path / "v")]
     proc = mpirun(2, again)
     assert proc.returncode == 2 and proc.stderr.count(f"--output {tmp_path / 'v'} exists") == 1
     assert (tmp_path / "v" / "profiles.png").exists()

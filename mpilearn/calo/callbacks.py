@@ -36,7 +36,7 @@ def short_line(record: dict, names=SHOWN) -> str:
         text = f"{name} {value:.4g}"
         ratio = record.get(f"{name}_ratio")
         if ratio is not None:
-            text += f" ({ratio:.2f}x floor)"
+            text += f" ({ratio:.3g}x floor)"
         parts.append(text)
     return ", ".join(parts)
 

@@ -115,10 +115,18 @@ class GANProtocol:
 
         result = validate_task(self, files, np.arange(len(files)), comm,
                                os.path.join(output, "validation", "test"),
-                               config["train"]["physics_events"], title="test files")
+                               config["train"]["physics_events"], title="test files",
+                               classifier=True)
         # "events" would clash with the validation pass's count of test events
         return {("physics_events" if k == "events" else k): v for k, v in result.items()
                 if not isinstance(v, (list, dict))}
+
+    @staticmethod
+    def test_summary(result: dict) -> str:
+        """The test report's line: the headline numbers with their floor ratios."""
+        from .callbacks import short_line
+
+        return short_line(result)
 
     def check_files(self, files) -> None:
         """Rank 0, before training: shapes, energy key and finite cells in each file."""

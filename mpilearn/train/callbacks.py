@@ -72,7 +72,7 @@ class EpochLog(Callback):
         self.log.epoch(record)
         # one short line: the losses, the speed and each callback's summary (the full record
         # is in metrics.jsonl)
-        shown = [f"{k} {v:.5g}" if isinstance(v, float) else f"{k} {v}"
+        shown = [f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
                  for k, v in record.items()
                  if k.startswith(("train_", "val_")) or k in self.headline
                  or k == "samples_per_s"]
