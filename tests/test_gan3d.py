@@ -286,7 +286,8 @@ def test_gan_training_with_validation_and_validate_cli(showers_dir, tmp_path):
                  "reference_observables.png", "discriminator.png"):
         assert (out / "validation" / "epoch0002" / name).exists()
     proc = mpirun(2, ["-m", "mpilearn.validate", "--checkpoint", str(out), "--mc",
-                      f"{showers_dir}/*.h5", "--events", "60", "--output", str(tmp_path / "val")])
+                      f"{showers_dir}/*.h5", "--events", "60", "--output", str(tmp_path / "val"),
+                      "--voxel-events", "0"])
     assert proc.returncode == 0, proc.stderr
     result = json.load(open(tmp_path / "val" / "validation.json"))
     assert result["events"] == 60 and result["score"] > 0

@@ -69,7 +69,7 @@ def test_one_and_two_ranks_give_the_same_showers_that_validate_reads(tiny_run, s
     with h5py.File(tmp_path / "other.h5") as c:
         assert not np.array_equal(c["ECAL"][:], first)
     proc = mpirun(2, ["-m", "mpilearn.validate", "--generated", str(tmp_path / "one.h5"),
-                      "--mc", mc, "--events", "24", "--no-plots", "--json",
+                      "--mc", mc, "--events", "24", "--no-plots", "--voxel-events", "0", "--json",
                       str(tmp_path / "v.json"), "--output", str(tmp_path / "val")])
     assert proc.returncode == 0, proc.stderr
     result = json.load(open(tmp_path / "v.json"))

@@ -133,7 +133,7 @@ def test_empty_mc_cells_are_counted(samples):
 def test_validate_generated_second_sample_and_json(showers_dir, tmp_path):
     files = f"{showers_dir}/*.h5"
     proc = mpirun(2, ["-m", "mpilearn.validate", "--generated", files, "--mc", files,
-                      "--events", "80", "--output", str(tmp_path / "same"),
+                      "--events", "80", "--output", str(tmp_path / "same"), "--voxel-events", "30", "--seeds", "2",
                       "--json", str(tmp_path / "same.json")])
     assert proc.returncode == 0, proc.stderr
     same = json.load(open(tmp_path / "same.json"))
@@ -147,12 +147,14 @@ def test_validate_generated_second_sample_and_json(showers_dir, tmp_path):
     # 32 validation events per classifier run: 0.5 within its noise
     assert same["auc_high"] == pytest.approx(0.5, abs=0.2) and same["fpd"] < 1e-6
     assert "fpd" in proc.stdout and "auc_high" in proc.stdout
+    assert same["auc_low_events"] == 30 and 0 <= same["auc_low"] <= 1 and same["auc_low_floor"]
     # a second, independent MC sample, each event with its own conditioning: paired by (E, θ)
     # as the floor is (paired by order, it scored 6.7 x the floor)
     other = tmp_path / "other"
     simulate(str(other), 120, "angle", (100, 200), 5, 120, progress=False)
     proc = mpirun(1, ["-m", "mpilearn.validate", "--generated", f"{other}/*.h5", "--mc", files,
                       "--events", "100", "--no-plots", "--json", str(tmp_path / "other.json"),
+                      "--voxel-events", "0",
                       "--output", str(tmp_path / "o")])
     assert proc.returncode == 0, proc.stderr
     result = json.load(open(tmp_path / "other.json"))
@@ -283,6 +285,7 @@ def test_validate_generated_second_mc_sample_scores_near_the_floor(showers_dir, 
             dst["ECAL"][...] = (gev * 50.0).astype(np.float32)
     proc = mpirun(2, ["-m", "mpilearn.validate", "--generated", f"{other}/*.h5", "--mc",
                       f"{showers_dir}/*.h5", "--events", "80", "--json", str(tmp_path / "r.json"),
+                      "--voxel-events", "0",
                       "--output", str(tmp_path / "v")])
     assert proc.returncode == 0, proc.stderr
     result = json.load(open(tmp_path / "r.json"))

@@ -265,7 +265,8 @@ def _refuse_mismatch(mismatch: dict, gan) -> None:
 
 def validate_task(task, files, events: np.ndarray, comm, folder: Optional[str],
                   max_events: int = 512, plots: bool = True, generated=None,
-                  title: str = "", classifier: bool = False, seeds: int = 5) -> dict:
+                  title: str = "", classifier: bool = False, seeds: int = 5,
+                  voxel_events: int = 0, device: str = "cpu") -> dict:
     """Collective: one shower per MC event with the same (E, θ), scored against the MC.
 
     ``events`` are split into two disjoint halves of at most ``max_events`` each
@@ -275,7 +276,10 @@ def validate_task(task, files, events: np.ndarray, comm, folder: Optional[str],
     its own conditioning), are read from the same event numbers there and paired with the MC
     by their conditions, as the floor's second half is (``pair_by_conditions``); a sample made
     for other conditions is refused (UsageError). ``classifier``: the high-level classifier
-    AUC too (``seeds`` runs, for the number and its floor). Each rank handles a share of
+    AUC too (``seeds`` runs, for the number and its floor); ``voxel_events``: the low-level
+    (voxel) classifier AUC too, on the first that many events of the MC, the generated showers
+    and the floor's MC half (``challenge.voxel_auc``, on ``device``; no pairing: the classifier
+    compares distributions, with E_inc among its inputs). Each rank handles a share of
     ``events``; rank 0 gathers the observables, scores, writes ``validation.json`` and the
     plots (titled ``title``) into ``folder``. Every rank returns the result dict.
     """
@@ -283,35 +287,53 @@ def validate_task(task, files, events: np.ndarray, comm, folder: Optional[str],
     rank, size = comm.Get_rank(), comm.Get_size()
     mine = chosen[rank::size]
     mc_parts, gan_parts, other_parts = [], [], []
+    # the voxel classifier's subsample: each rank keeps its share's first cells
+    per_rank = -(-voxel_events // size) if voxel_events else 0
+    voxels = {"mc": [], "gan": [], "other": []}
+
+    def keep(name, cells, batch):
+        have = sum(len(c) for c, _ in voxels[name])
+        if have < per_rank and len(cells):
+            take = per_rank - have
+            voxels[name].append((np.asarray(cells[:take], np.float32),
+                                 np.asarray(batch["energy"][:take]) * 100.0))
+
     for start in range(0, len(mine), 64):
         index = mine[start:start + 64]
         raw = {**files.read(index), "_index": index}
         batch = task.preprocess(raw)
         if generated is None:
             images = task.generate(batch["energy"], batch.get("angle"), batch["_index"])
-            gan_parts.append(_observe(task, {**batch, "images": images},
-                                      task.preprocess.to_gev(images)))
+            fake_gev = task.preprocess.to_gev(images)
+            gan_parts.append(_observe(task, {**batch, "images": images}, fake_gev))
+            keep("gan", fake_gev, batch)
         else:  # its own events, filtered by the preprocessing as the MC's are
             gen_index = index[index < len(generated)]
             fake_raw = {**generated.read(gen_index), "_index": gen_index}
             fake_batch = task.preprocess(fake_raw)
-            gan_parts.append(_observe(task, fake_batch,
-                                      _cells_gev(task, fake_raw, fake_batch["_index"])))
-        mc_parts.append(_observe(task, batch, _cells_gev(task, raw, batch["_index"])))
+            fake_gev = _cells_gev(task, fake_raw, fake_batch["_index"])
+            gan_parts.append(_observe(task, fake_batch, fake_gev))
+            keep("gan", fake_gev, fake_batch)
+        cells = _cells_gev(task, raw, batch["_index"])
+        mc_parts.append(_observe(task, batch, cells))
+        keep("mc", cells, batch)
     mine = other[rank::size]  # the floor's second MC half: observables only
     for start in range(0, len(mine), 64):
         index = mine[start:start + 64]
         raw = {**files.read(index), "_index": index}
         batch = task.preprocess(raw)
-        other_parts.append(_observe(task, batch, _cells_gev(task, raw, batch["_index"])))
+        cells = _cells_gev(task, raw, batch["_index"])
+        other_parts.append(_observe(task, batch, cells))
+        keep("other", cells, batch)
     other_all = comm.gather(concat(other_parts), root=0)
+    voxels = comm.gather(voxels, root=0) if voxel_events else None
     mc_all = comm.gather(concat(mc_parts), root=0)
     gan_all = comm.gather(concat(gan_parts), root=0)
     result = None
     if comm.Get_rank() == 0:
         try:
             result = _score_and_plot(task, mc_all, gan_all, other_all, folder, plots, generated,
-                                     title, classifier, seeds)
+                                     title, classifier, seeds, voxels, device)
         except Exception as err:  # raised on every rank below, not on rank 0 alone
             result = err
     from ..core.comm import wait_idle
@@ -323,8 +345,16 @@ def validate_task(task, files, events: np.ndarray, comm, folder: Optional[str],
     return result
 
 
+def _joined(parts, name):
+    """(cells, energies) of one sample's voxel subsample from every rank's parts."""
+    pieces = [p for rank in parts for p in rank[name]]
+    if not pieces:
+        return np.zeros((0, 1), np.float32), np.zeros(0)
+    return np.concatenate([c for c, _ in pieces]), np.concatenate([e for _, e in pieces])
+
+
 def _score_and_plot(task, mc_all, gan_all, other_all, folder, plots, generated, title,
-                    classifier, seeds) -> dict:
+                    classifier, seeds, voxels=None, device="cpu") -> dict:
     """Rank 0: validate_task's scoring, JSON and plots from the gathered observables."""
     mc, gan = concat(mc_all), concat(gan_all)
     if not mc:
@@ -340,6 +370,11 @@ def _score_and_plot(task, mc_all, gan_all, other_all, folder, plots, generated, 
                                       concat(other_all), with_angle, classifier, seeds)
         if paired is not None:
             result["generated_condition_mismatch"] = paired
+        if voxels:
+            from .challenge import voxel_auc
+
+            result.update(voxel_auc(_joined(voxels, "mc"), _joined(voxels, "gan"),
+                                    _joined(voxels, "other"), seeds, device))
         if folder:
             os.makedirs(folder, exist_ok=True)
             if plots:

@@ -19,7 +19,9 @@ reported, each beside its MC-vs-MC floor and ratio (see ``mpilearn.calo.physics`
                          high-level features, with their errors;
   separation_power       the mean over those features of their histograms' separation power;
   auc_high               the high-level classifier's calibrated AUC, mean ± std over --seeds
-                         (0.5: the classifier cannot tell; --no-classifier skips it).
+                         (0.5: the classifier cannot tell; --no-classifier skips it);
+  auc_low                the voxel classifier's, on --voxel-events events (--full: all, on
+                         the GPU where there is one).
 Writes ``validation.json`` and PNG plots into ``--output``, and the results to ``--json``.
 """
 from __future__ import annotations
@@ -46,6 +48,8 @@ def prepare(args):
 
     if not args.checkpoint and not args.generated:
         raise UsageError("give --checkpoint (generate showers) or --generated (read them)")
+    if args.voxel_events < 0:
+        raise UsageError(f"--voxel-events {args.voxel_events}: give 0 (none) or more")
     if args.seeds < 1:
         raise UsageError(f"--seeds {args.seeds}: give at least 1 classifier run")
     if args.json and os.path.isdir(args.json):
@@ -132,6 +136,10 @@ def main(argv=None) -> int:
     p.add_argument("--json", help="also write the results to this JSON file")
     p.add_argument("--no-plots", action="store_true")
     p.add_argument("--no-classifier", action="store_true", help="skip the classifier AUC")
+    p.add_argument("--voxel-events", type=int, default=256, help="events of each sample for "
+                   "the low-level (voxel) classifier AUC (default 256: minutes on a CPU; 0 skips it)")
+    p.add_argument("--full", action="store_true", help="the voxel classifier on every compared "
+                   "event, on the GPU where there is one")
     p.add_argument("--seeds", type=int, default=5, help="classifier runs (splits and "
                    "initialisations) averaged for the AUC (default 5)")
     args = p.parse_args(argv)
@@ -179,7 +187,10 @@ def main(argv=None) -> int:
 
         result = validate_task(task, mc, events, ctx.comm, output, max_events=args.events,
                                plots=not args.no_plots, generated=generated, title=title,
-                               classifier=not args.no_classifier, seeds=args.seeds)
+                               classifier=not args.no_classifier, seeds=args.seeds,
+                               voxel_events=0 if args.no_classifier else
+                               (args.events if args.full else args.voxel_events),
+                               device=_device(args.full))
     except Exception as err:  # mpilearn's own errors become statuses; others abort the job
         return exit_status(err, ctx.rank)
     if ctx.rank == 0:
@@ -189,6 +200,15 @@ def main(argv=None) -> int:
             atomic_write_text(args.json, json.dumps(result, indent=2))
         print(summary(result) + f"; results in {args.json or output}")
     return 0
+
+
+def _device(full: bool) -> str:
+    """The voxel classifier's device: the GPU with --full where there is one."""
+    if not full:
+        return "cpu"
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def summary(result: dict) -> str:
@@ -208,7 +228,7 @@ def summary(result: dict) -> str:
 
     def challenge():
         out = []
-        for name in ("fpd", "kpd", "separation_power", "auc_high"):
+        for name in ("fpd", "kpd", "separation_power", "auc_high", "auc_low"):
             if result.get(name) is None:
                 continue
             err = result.get(f"{name}_error")
