@@ -133,7 +133,8 @@ def test_empty_mc_cells_are_counted(samples):
 def test_validate_generated_second_sample_and_json(showers_dir, tmp_path):
     files = f"{showers_dir}/*.h5"
     proc = mpirun(2, ["-m", "mpilearn.validate", "--generated", files, "--mc", files,
-                      "--events", "80", "--output", str(tmp_path / "same"), "--voxel-events", "30", "--seeds", "2",
+                      "--events", "80", "--output", str(tmp_path / "same"), "--voxel-events", "30",
+                      "--seeds", "2",
                       "--json", str(tmp_path / "same.json")])
     assert proc.returncode == 0, proc.stderr
     same = json.load(open(tmp_path / "same.json"))
