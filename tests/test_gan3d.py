@@ -344,3 +344,20 @@ def test_bad_calorimeter_files(tmp_path, case, message):
     assert proc.returncode == 2, proc.stderr
     assert str(path) in proc.stderr and message in proc.stderr
     assert proc.stderr.count("mpilearn: error:") == 1
+
+
+def test_smooth_preset_has_no_six_cell_blocks():
+    """The proposed smooth preset (issue 49): the small preset's x6 nearest-neighbour copy
+    makes every 6th step of an untrained generator's x profile the large one; the smooth
+    generator's steps are alike everywhere."""
+    def six_cell_steps(preset):
+        torch.manual_seed(0)
+        generator, _ = gan3d.networks({"preset": preset})
+        with torch.no_grad():
+            profile = generator(torch.randn(32, 256)).squeeze(1).mean(0).sum((1, 2)).numpy()
+        steps = np.abs(np.diff(profile))
+        return steps[5::6].mean() / steps.mean()
+
+    assert six_cell_steps("small") > 2 and six_cell_steps("smooth") < 1.5
+    _, discriminator = gan3d.networks({"preset": "smooth"})
+    assert len(discriminator.body) == len(gan3d.networks({"preset": "small"})[1].body)

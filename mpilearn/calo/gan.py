@@ -33,13 +33,17 @@ LATENT = {"angle": 256, "fixed": 200}
 EMPTY_GUARD_BATCHES = 10
 
 
-def build_networks(hp: dict, fixed, angle, small):
+def build_networks(hp: dict, fixed, angle, small, smooth=None):
     """(G, D) from the builder that ``hp``'s variant and preset name, called with
-    (batch_norm, dropout); the PyTorch and the Keras model files share this choice."""
+    (batch_norm, dropout); the PyTorch and the Keras model files share this choice (the
+    ``smooth`` preset: PyTorch only, so far)."""
     if hp["variant"] == "fixed":
         builder = fixed
     elif hp["variant"] == "angle":
-        builder = small if hp["preset"] == "small" else angle
+        builders = {"small": small, "smooth": smooth}
+        builder = builders.get(hp["preset"]) or angle
+        if hp["preset"] == "smooth" and smooth is None:
+            raise ValueError("hparams.preset smooth has no Keras builder yet: use small or full")
     else:
         raise ValueError(f"hparams.variant must be angle or fixed, got {hp['variant']!r}")
     return builder(bool(hp["batch_norm"]), float(hp["dropout"]))
