@@ -79,3 +79,20 @@ def test_validate_reports_each_challenge_number_beside_its_floor(samples):
     for name in ("fpd", "kpd", "separation_power", "auc_high"):
         assert got[f"{name}_floor"] is not None and got[f"{name}_ratio"] > 1.5, (name, got)
     assert got["separation_power_features"]["centre_x"]["floor"] > 0
+
+
+def test_one_name_everywhere_and_a_short_line():
+    from mpilearn.calo.callbacks import record_name, short_line
+    from mpilearn.calo.gan import GANProtocol
+
+    # validate's names are the epoch record's for every floored number; terms are physics_*
+    assert [record_name(k) for k in ("sampling_fraction_mre_ratio", "fpd_error", "auc_high",
+                                     "moments", "events")] == [
+        "sampling_fraction_mre_ratio", "fpd_error", "auc_high", "physics_moments", "physics_events"]
+    result = {"score": 0.41234, "score_ratio": 3.2, "sampling_fraction_mre": 0.05,
+              "sampling_fraction_mre_ratio": 2.0, "fpd": 0.012, "fpd_ratio": 12.5, "kpd": 0.001,
+              "kpd_ratio": None, "moments": 0.1, "profiles": 0.2, "reference_metric": 7.0}
+    line = GANProtocol.test_summary(result)
+    assert line == ("score 0.4123 (3.2x floor), sampling_fraction_mre 0.05 (2x floor), "
+                    "fpd 0.012 (12.5x floor), kpd 0.001")
+    assert short_line(result) == line
