@@ -223,7 +223,7 @@ def summary(result: dict) -> str:
         if result.get(f"{name}_floor") is None:
             return ""
         ratio = result.get(f"{name}_ratio")
-        return (f" [MC-vs-MC floor {result[name + '_floor']:.4f}, ratio "
+        return (f" [MC-vs-MC floor {result[name + '_floor']:.4g}, ratio "
                 + (f"{ratio:.2f}]" if ratio is not None else "n/a]"))
 
     def challenge():
