@@ -55,3 +55,28 @@ def test_the_calo_package_has_no_import_cycle():
                    for n in graph.get(start, ()))
 
     assert not [m for m in graph if reaches(m, m)]
+
+
+def _imported_modules(path: str, package: str) -> set:
+    """Absolute names of every module ``path`` (in ``package``) imports, at the top or inside
+    functions, relative imports resolved."""
+    out = set()
+    for node in ast.walk(ast.parse(open(path).read())):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = package.split(".")[:len(package.split(".")) - node.level + 1] if node.level else []
+            module = ".".join(base + ([node.module] if node.module else []))
+            out.add(module)
+            out |= {f"{module}.{a.name}" for a in node.names}
+    return out
+
+
+def test_no_core_module_imports_calo_even_inside_a_function():
+    folder = os.path.join(REPO, "mpilearn", "core")
+    found = {f: sorted(m for m in _imported_modules(os.path.join(folder, f), "mpilearn.core")
+                       if m == "mpilearn.calo" or m.startswith("mpilearn.calo."))
+             for f in os.listdir(folder) if f.endswith(".py")}
+    assert "mpilearn.core.comm" in _imported_modules(os.path.join(REPO, "mpilearn", "calo",
+                                                                  "physics.py"), "mpilearn.calo")
+    assert not {f: m for f, m in found.items() if m}

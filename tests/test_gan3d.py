@@ -257,7 +257,8 @@ def test_bf16_autocast_step_stays_close_to_fp32():
 def test_gan_training_with_validation_and_validate_cli(showers_dir, tmp_path):
     out = tmp_path / "run"
     proc = gan_run(2, showers_dir, out, 4, "--set", "train.epochs=2", "--set", "train.validate_every=1",
-                   "--set", "train.physics_events=40", "--set", "train.log=[jsonl,tensorboard]")
+                   "--set", "train.physics_events=40", "--set", "train.log=[jsonl,tensorboard]",
+                   "--set", "train.classifier_every=2")
     assert proc.returncode == 0, proc.stderr
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -273,13 +274,20 @@ def test_gan_training_with_validation_and_validate_cli(showers_dir, tmp_path):
     # ... finite over the cells the MC fills, and the score beside its MC-vs-MC floor
     assert all(np.isfinite(l["reference_metric_filled"]) and l["score_floor"] > 0
                and l["score_ratio"] == pytest.approx(l["score"] / l["score_floor"]) for l in lines)
-    assert "score_ratio" in proc.stdout and "reference_metric_filled" in proc.stdout
+    # the CaloChallenge's numbers every validation, the classifier every second one
+    assert all(l["fpd_floor"] is not None and "separation_power_ratio" in l for l in lines)
+    assert "auc_high" not in lines[0] and 0 <= lines[1]["auc_high"] <= 1
+    # a short epoch line: the headline numbers with their floor ratios, no raw dict
+    epoch_lines = [l for l in proc.stdout.splitlines() if l.startswith("epoch ")]
+    assert len(epoch_lines) == 2 and all("x floor)" in l and "{" not in l for l in epoch_lines)
+    assert "auc_high" in epoch_lines[1] and len(epoch_lines[1]) < 450, epoch_lines
     assert {"train_d_loss", "train_g_loss", "train_g_ecal", "val_d_loss", "val_g_loss"} <= set(lines[0])
     for name in ("profiles.png", "sampling_fraction.png", "spectra.png", "validation.json",
                  "reference_observables.png", "discriminator.png"):
         assert (out / "validation" / "epoch0002" / name).exists()
     proc = mpirun(2, ["-m", "mpilearn.validate", "--checkpoint", str(out), "--mc",
-                      f"{showers_dir}/*.h5", "--events", "60", "--output", str(tmp_path / "val")])
+                      f"{showers_dir}/*.h5", "--events", "60", "--output", str(tmp_path / "val"),
+                      "--voxel-events", "0"])
     assert proc.returncode == 0, proc.stderr
     result = json.load(open(tmp_path / "val" / "validation.json"))
     assert result["events"] == 60 and result["score"] > 0
@@ -336,3 +344,20 @@ def test_bad_calorimeter_files(tmp_path, case, message):
     assert proc.returncode == 2, proc.stderr
     assert str(path) in proc.stderr and message in proc.stderr
     assert proc.stderr.count("mpilearn: error:") == 1
+
+
+def test_smooth_preset_has_no_six_cell_blocks():
+    """The proposed smooth preset (issue 49): the small preset's x6 nearest-neighbour copy
+    makes every 6th step of an untrained generator's x profile the large one; the smooth
+    generator's steps are alike everywhere."""
+    def six_cell_steps(preset):
+        torch.manual_seed(0)
+        generator, _ = gan3d.networks({"preset": preset})
+        with torch.no_grad():
+            profile = generator(torch.randn(32, 256)).squeeze(1).mean(0).sum((1, 2)).numpy()
+        steps = np.abs(np.diff(profile))
+        return steps[5::6].mean() / steps.mean()
+
+    assert six_cell_steps("small") > 2 and six_cell_steps("smooth") < 1.5
+    _, discriminator = gan3d.networks({"preset": "smooth"})
+    assert len(discriminator.body) == len(gan3d.networks({"preset": "small"})[1].body)

@@ -69,7 +69,7 @@ def test_one_and_two_ranks_give_the_same_showers_that_validate_reads(tiny_run, s
     with h5py.File(tmp_path / "other.h5") as c:
         assert not np.array_equal(c["ECAL"][:], first)
     proc = mpirun(2, ["-m", "mpilearn.validate", "--generated", str(tmp_path / "one.h5"),
-                      "--mc", mc, "--events", "24", "--no-plots", "--json",
+                      "--mc", mc, "--events", "24", "--no-plots", "--voxel-events", "0", "--json",
                       str(tmp_path / "v.json"), "--output", str(tmp_path / "val")])
     assert proc.returncode == 0, proc.stderr
     result = json.load(open(tmp_path / "v.json"))
@@ -86,6 +86,9 @@ def test_test_json_has_the_physics_numbers_on_the_test_files(tiny_run, showers_d
     assert test["test_score_ratio"] == pytest.approx(test["test_score"] / test["test_score_floor"])
     assert np.isfinite(test["test_reference_metric_filled"])
     assert np.isfinite(test["test_sampling_fraction_mre"]) and "test_d_loss" in test
+    # the CaloChallenge's numbers beside their floors, the classifier's too
+    assert test["test_fpd_floor"] is not None and test["test_kpd_ratio"] is not None
+    assert 0 <= test["test_auc_high"] <= 1 and test["test_auc_high_floor"] is not None
     assert (tiny_run / "validation" / "test" / "profiles.png").exists()
 
 

@@ -133,25 +133,42 @@ def test_empty_mc_cells_are_counted(samples):
 def test_validate_generated_second_sample_and_json(showers_dir, tmp_path):
     files = f"{showers_dir}/*.h5"
     proc = mpirun(2, ["-m", "mpilearn.validate", "--generated", files, "--mc", files,
-                      "--events", "80", "--output", str(tmp_path / "same"),
+                      "--events", "80", "--output", str(tmp_path / "same"), "--voxel-events", "30",
+                      "--seeds", "2",
                       "--json", str(tmp_path / "same.json")])
     assert proc.returncode == 0, proc.stderr
     same = json.load(open(tmp_path / "same.json"))
     assert same["events"] == 80  # 160 MC events: 80 compared, 80 more for the floor
     assert same["reference_metric"] == pytest.approx(0, abs=1e-6)  # mtheta vs measured: float
-    assert same["score"] == 0 and same["sampling_fraction_mre"] == 0
+    assert same["score"] == pytest.approx(0, abs=1e-12)  # paired by conditions: reordered sums
+    assert same["sampling_fraction_mre"] == pytest.approx(0, abs=1e-12)
     assert "reference_metric" in proc.stdout and "sampling_fraction_mre" in proc.stdout
     for name in ("reference_observables.png", "sampling_fraction.png", "validation.json"):
         assert (tmp_path / "same" / name).exists(), name
-    # a second, independent MC sample: paired by order, each event with its own conditioning
+    # 32 validation events per classifier run: 0.5 within its noise
+    assert same["auc_high"] == pytest.approx(0.5, abs=0.2) and same["fpd"] < 1e-6
+    assert "fpd" in proc.stdout and "auc_high" in proc.stdout
+    assert same["auc_low_events"] == 30 and 0 <= same["auc_low"] <= 1 and same["auc_low_floor"]
+    # a second, independent MC sample, each event with its own conditioning: paired by (E, θ)
+    # as the floor is (paired by order, it scored 6.7 x the floor)
     other = tmp_path / "other"
     simulate(str(other), 120, "angle", (100, 200), 5, 120, progress=False)
     proc = mpirun(1, ["-m", "mpilearn.validate", "--generated", f"{other}/*.h5", "--mc", files,
                       "--events", "100", "--no-plots", "--json", str(tmp_path / "other.json"),
+                      "--voxel-events", "0",
                       "--output", str(tmp_path / "o")])
     assert proc.returncode == 0, proc.stderr
     result = json.load(open(tmp_path / "other.json"))
     assert 0 < result["sampling_fraction_mre"] < 0.2 and result["reference_metric"] > 0
+    assert result["score_ratio"] < 2, result
+    assert result["generated_condition_mismatch"]["angle_ks_pvalue"] > 1e-3
+    # showers made for other energies are refused, with the reason
+    far = tmp_path / "far"
+    simulate(str(far), 60, "angle", (20, 60), 6, 60, progress=False)
+    proc = mpirun(1, ["-m", "mpilearn.validate", "--generated", f"{far}/*.h5", "--mc", files,
+                      "--events", "30", "--no-plots", "--no-classifier",
+                      "--output", str(tmp_path / "f")])
+    assert proc.returncode == 2 and "other conditions than the MC's" in proc.stderr, proc.stderr
 
 
 def test_validate_generated_without_its_angle_is_bad_input(showers_dir, tmp_path):
@@ -182,9 +199,21 @@ def test_every_number_is_a_metric_an_hpo_objective_can_name():
     config = resolve(None, ["train.validate_every=1"], require_model=False)
     angle = logged_metrics(gan3d.build({"preset": "small"}), config)
     assert {"score", "reference_metric", "sampling_fraction_mre", "physics_reference_angle",
-            "physics_reference_moments", "physics_angle", "physics_sampling_fraction_mre_error"} <= angle
+            "physics_reference_moments", "physics_angle", "sampling_fraction_mre_error",
+            "sampling_fraction_mre_ratio", "fpd", "fpd_ratio", "kpd", "separation_power_ratio"
+            } <= angle
+    assert "auc_high" not in angle   # the classifier runs only with train.classifier_every
     fixed = logged_metrics(gan3d.build({"variant": "fixed"}), config)
     assert "reference_metric" in fixed and not {"physics_angle", "physics_reference_angle"} & fixed
+    # validate's names are the monitors' and objectives' names (one name everywhere)
+    from mpilearn.train.checks import check_monitor
+
+    config = resolve(None, ["train.validate_every=1", "train.classifier_every=2",
+                            "train.best.monitor=sampling_fraction_mre_ratio",
+                            "train.early_stopping.monitor=auc_high",
+                            "train.early_stopping.patience=3"], require_model=False)
+    assert check_monitor(config, gan3d.build({"preset": "small"}), True) == {
+        "best": ("sampling_fraction_mre_ratio", "min"), "early_stopping": ("auc_high", "min")}
 
 
 @pytest.fixture(scope="module")
@@ -257,6 +286,7 @@ def test_validate_generated_second_mc_sample_scores_near_the_floor(showers_dir, 
             dst["ECAL"][...] = (gev * 50.0).astype(np.float32)
     proc = mpirun(2, ["-m", "mpilearn.validate", "--generated", f"{other}/*.h5", "--mc",
                       f"{showers_dir}/*.h5", "--events", "80", "--json", str(tmp_path / "r.json"),
+                      "--voxel-events", "0",
                       "--output", str(tmp_path / "v")])
     assert proc.returncode == 0, proc.stderr
     result = json.load(open(tmp_path / "r.json"))
@@ -266,7 +296,8 @@ def test_validate_generated_second_mc_sample_scores_near_the_floor(showers_dir, 
     assert "MC-vs-MC floor" in proc.stdout
     # the folder is there now: refused (nothing read), unless --overwrite
     again = ["-m", "mpilearn.validate", "--generated", f"{other}/*.h5", "--mc",
-             f"{showers_dir}/*.h5", "--events", "20", "--no-plots", "--output", str(tmp_path / "v")]
+             f"{showers_dir}/*.h5", "--events", "20", "--no-plots", "--no-classifier",
+             "--output", str(tmp_path / "v")]
     proc = mpirun(2, again)
     assert proc.returncode == 2 and proc.stderr.count(f"--output {tmp_path / 'v'} exists") == 1
     assert (tmp_path / "v" / "profiles.png").exists()

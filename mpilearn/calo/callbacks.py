@@ -5,27 +5,59 @@ from __future__ import annotations
 import os
 
 from ..train.callbacks import Callback
-from .physics import validate_task
+from .physics import FLOORED, validate_task
 
-# the physics validation's three numbers, logged under their own names (their terms and the
-# per-bin values as physics_*)
-HEADLINE_PHYSICS = ("score", "score_floor", "score_ratio", "reference_metric",
-                    "reference_metric_filled", "sampling_fraction_mre")
+# every number with an MC-vs-MC floor is logged under validate's own name (``FLOORED``, and
+# its _floor, _ratio, _error, _floor_error), so that one name serves validate's JSON, the epoch
+# record, best-checkpoint monitors and HPO objectives; the terms and per-bin values as physics_*
+FLOORED_NAMES = tuple(f"{n}{s}" for n in FLOORED
+                      for s in ("", "_floor", "_ratio", "_error", "_floor_error"))
+HEADLINE_PHYSICS = ("score", "reference_metric", "reference_metric_filled",
+                    "sampling_fraction_mre", "fpd", "kpd", "separation_power", "auc_high")
+# the epoch line shows these with their floor ratios (the full record is in metrics.jsonl)
+SHOWN = ("score", "sampling_fraction_mre", "fpd", "kpd", "auc_high")
+LOWER_IS_BETTER = {n: "min" for n in FLOORED_NAMES if not n.endswith("error")}
+
+
+def record_name(key: str) -> str:
+    """The epoch record's name of validate's result ``key``."""
+    if key == "events":
+        return "physics_events"
+    return key if key in FLOORED_NAMES or key == "reference_metric" else f"physics_{key}"
+
+
+def short_line(record: dict, names=SHOWN) -> str:
+    """``name value (ratio x floor)`` for the headline numbers present in ``record``."""
+    parts = []
+    for name in names:
+        value = record.get(name)
+        if value is None:
+            continue
+        text = f"{name} {value:.4g}"
+        ratio = record.get(f"{name}_ratio")
+        if ratio is not None:
+            text += f" ({ratio:.3g}x floor)"
+        parts.append(text)
+    return ", ".join(parts)
 
 
 class PhysicsValidation(Callback):
     """Generated against held-out showers every ``train.validate_every`` epochs (GAN tasks):
-    the project's score beside its MC-vs-MC floor and their ratio, the reference metric (exact,
-    and over the cells the MC fills) and the sampling-fraction MRE, their terms, and plots in
-    ``RUN/validation/epochNNNN``."""
+    the project's score, the reference metric (exact, and over the cells the MC fills), the
+    sampling-fraction MRE and the CaloChallenge's FPD, KPD and separation power, each beside
+    its MC-vs-MC floor and their ratio; the high-level classifier AUC every
+    ``train.classifier_every`` validated epochs (0: never; it trains 2 x 5 small MLPs); plots
+    in ``RUN/validation/epochNNNN``."""
 
     name = "physics"
-    headline = HEADLINE_PHYSICS
+    headline = ()   # the epoch line shows ``short_line`` instead of raw values
+    summary = staticmethod(short_line)
 
     def __init__(self, task, source, events, comm, output: str, config: dict, log=None):
         self.task, self.source, self.events, self.comm = task, source, events, comm
         self.output, self.log = output, log
         self.every = config["train"]["validate_every"]
+        self.classifier_every = config["train"].get("classifier_every", 0)
         self.max_events = config["train"]["physics_events"]
 
     @classmethod
@@ -37,14 +69,14 @@ class PhysicsValidation(Callback):
     @classmethod
     def metric_names(cls, task, config):
         terms = ["moments", "profiles"] + (["angle"] if getattr(task, "variant", "") == "angle" else [])
-        return ({*HEADLINE_PHYSICS, "physics_sampling_fraction_mre_error"}
-                | {f"physics_{p}{t}" for p in ("", "reference_", "reference_filled_") for t in terms}
-                | {f"physics_{n}_{s}" for n in ("reference_metric_filled", "sampling_fraction_mre")
-                   for s in ("floor", "ratio")})
+        floored = [n for n in FLOORED_NAMES
+                   if not n.startswith("auc_high") or config["train"].get("classifier_every")]
+        return ({*floored, "reference_metric"}
+                | {f"physics_{p}{t}" for p in ("", "reference_", "reference_filled_") for t in terms})
 
     @classmethod
     def metric_modes(cls, task, config):
-        return {n: "min" for n in HEADLINE_PHYSICS}
+        return {**LOWER_IS_BETTER, "reference_metric": "min"}
 
     @classmethod
     def preferred_monitor(cls, task, config):
@@ -57,12 +89,14 @@ class PhysicsValidation(Callback):
             return False
         folder = os.path.join(self.output, "validation", f"epoch{epoch:04d}")
         title = f"run {os.path.basename(os.path.abspath(self.output))} epoch {epoch}"
+        validated = epoch // self.every
+        classifier = bool(self.classifier_every) and validated % self.classifier_every == 0
         result = validate_task(self.task, self.source, self.events, self.comm, folder,
-                               self.max_events, title=title)
+                               self.max_events, title=title, classifier=classifier)
         if self.log is not None and result.get("plots"):
             self.log.images(epoch, result["plots"])
-        record.update({k if k in HEADLINE_PHYSICS else f"physics_{k}": v
-                       for k, v in result.items() if not isinstance(v, (list, dict))})
+        record.update({record_name(k): v for k, v in result.items()
+                       if not isinstance(v, (list, dict))})
         return False
 
 

@@ -33,13 +33,17 @@ LATENT = {"angle": 256, "fixed": 200}
 EMPTY_GUARD_BATCHES = 10
 
 
-def build_networks(hp: dict, fixed, angle, small):
+def build_networks(hp: dict, fixed, angle, small, smooth=None):
     """(G, D) from the builder that ``hp``'s variant and preset name, called with
-    (batch_norm, dropout); the PyTorch and the Keras model files share this choice."""
+    (batch_norm, dropout); the PyTorch and the Keras model files share this choice (the
+    ``smooth`` preset: PyTorch only, so far)."""
     if hp["variant"] == "fixed":
         builder = fixed
     elif hp["variant"] == "angle":
-        builder = small if hp["preset"] == "small" else angle
+        builders = {"small": small, "smooth": smooth}
+        builder = builders.get(hp["preset"]) or angle
+        if hp["preset"] == "smooth" and smooth is None:
+            raise ValueError("hparams.preset smooth has no Keras builder yet: use small or full")
     else:
         raise ValueError(f"hparams.variant must be angle or fixed, got {hp['variant']!r}")
     return builder(bool(hp["batch_norm"]), float(hp["dropout"]))
@@ -115,10 +119,18 @@ class GANProtocol:
 
         result = validate_task(self, files, np.arange(len(files)), comm,
                                os.path.join(output, "validation", "test"),
-                               config["train"]["physics_events"], title="test files")
+                               config["train"]["physics_events"], title="test files",
+                               classifier=True)
         # "events" would clash with the validation pass's count of test events
         return {("physics_events" if k == "events" else k): v for k, v in result.items()
                 if not isinstance(v, (list, dict))}
+
+    @staticmethod
+    def test_summary(result: dict) -> str:
+        """The test report's line: the headline numbers with their floor ratios."""
+        from .callbacks import short_line
+
+        return short_line(result)
 
     def check_files(self, files) -> None:
         """Rank 0, before training: shapes, energy key and finite cells in each file."""

@@ -33,8 +33,13 @@ from .reference import (HIT_THRESHOLD, SPARSITY_EXPONENTS, SPECTRUM_BINS, index_
                         reference_metric, sampling_fraction_mre)
 
 ENERGY_BINS = 4
-# the numbers reported beside their MC-vs-MC floor
-FLOORED = ("score", "reference_metric_filled", "sampling_fraction_mre")
+# the numbers reported beside their MC-vs-MC floor, under these names everywhere (validate's
+# JSON, the epoch records, monitors and HPO objectives), with _floor, _ratio and _error
+FLOORED = ("score", "reference_metric_filled", "sampling_fraction_mre", "fpd", "kpd",
+           "separation_power", "auc_high")
+# the distances whose MC-vs-MC value can be 0 within its error: their ratio is taken to the
+# floor's size or its error, whichever is larger
+RATIO_TO_ERROR = ("fpd", "kpd")
 
 
 def features(images_gev: np.ndarray, energy_gev: np.ndarray, condition_angle=None,
@@ -105,8 +110,11 @@ def _rel(a, b):
     return np.abs(a - b) / np.maximum(np.abs(a), 1e-12)
 
 
-def score(mc: Dict[str, np.ndarray], gan: Dict[str, np.ndarray], with_angle: bool = True) -> dict:
-    """The single-number score and its three terms; mc and gan are paired event by event."""
+def score(mc: Dict[str, np.ndarray], gan: Dict[str, np.ndarray], with_angle: bool = True,
+          classifier: bool = False, seeds: int = 5) -> dict:
+    """The single-number score and its three terms, the reference's numbers and the
+    CaloChallenge's (``challenge.metrics``; the classifier AUC with ``classifier``, over
+    ``seeds`` seeds); mc and gan are paired event by event."""
     terms = {"moments": [], "profiles": [], "angle": []}
     for mask in energy_bins(mc["energy"]):
         terms["moments"].append(_rel(mc["moments"][mask].mean(0), gan["moments"][mask].mean(0)).mean())
@@ -124,6 +132,9 @@ def score(mc: Dict[str, np.ndarray], gan: Dict[str, np.ndarray], with_angle: boo
     out["sampling_fraction_mc"], out["sampling_fraction_gan"] = float(sf_mc), float(sf_gan)
     out.update(reference_metric(mc, gan, with_angle))
     out.update(sampling_fraction_mre(mc, gan))
+    from .challenge import metrics
+
+    out.update(metrics(mc, gan, classifier, seeds))
     out["events"] = int(len(mc["energy"]))
     return out
 
@@ -138,15 +149,10 @@ def halves(events: np.ndarray, max_events: int):
     return events[:n], events[n:2 * n]
 
 
-def pair_by_conditions(a: Dict[str, np.ndarray], b: Dict[str, np.ndarray]):
-    """Two MC samples cut to one size, reordered so that event i of each has nearly the same
-    (E, θ), and ``b`` moved to ``a``'s conditions to first order; the pairs keep ``a``'s event
-    order (the reference's bin "0" takes the first events).
-
-    Pairing: both sorted by energy into ENERGY_BINS blocks, by angle within a block. Two
-    independent samples still differ by a few degrees pair by pair, which the per-event angle
-    terms would count, so ``b``'s measured angle is shifted by the difference in conditioning
-    angle, and its energies (profiles, sum) scaled by the ratio of primary energies."""
+def _paired_order(a: Dict[str, np.ndarray], b: Dict[str, np.ndarray]):
+    """Indices (ia, ib) of equal length pairing ``a``'s events with ``b``'s of nearly the same
+    (E, θ), in ``a``'s event order: both sorted by energy into ENERGY_BINS blocks, by angle
+    within a block."""
     n = min(len(a["energy"]), len(b["energy"]))
 
     def order(s):
@@ -158,8 +164,32 @@ def pair_by_conditions(a: Dict[str, np.ndarray], b: Dict[str, np.ndarray]):
 
     oa, ob = order(a), order(b)
     keep = np.argsort(a["index"][oa], kind="stable")
-    first = {k: v[oa[keep]] for k, v in a.items()}
-    second = {k: v[ob[keep]] for k, v in b.items()}
+    return oa[keep], ob[keep]
+
+
+def condition_mismatch(a: Dict[str, np.ndarray], b: Dict[str, np.ndarray]) -> dict:
+    """Whether two samples were drawn for the same conditions: the two-sample
+    Kolmogorov-Smirnov p-value of their primary energies, and of their angles."""
+    from scipy.stats import ks_2samp
+
+    out = {"energy_ks_pvalue": float(ks_2samp(a["energy"], b["energy"]).pvalue)}
+    if "condition_angle" in a and "condition_angle" in b:
+        out["angle_ks_pvalue"] = float(ks_2samp(a["condition_angle"], b["condition_angle"]).pvalue)
+    return out
+
+
+def pair_by_conditions(a: Dict[str, np.ndarray], b: Dict[str, np.ndarray]):
+    """Two samples cut to one size, reordered so that event i of each has nearly the same
+    (E, θ) (``_paired_order``), and ``b`` moved to ``a``'s conditions to first order; the
+    pairs keep ``a``'s event order (the reference's bin "0" takes the first events).
+
+    Two independent samples still differ by a few degrees pair by pair, which the per-event
+    angle terms would count, so ``b``'s measured angle is shifted by the difference in
+    conditioning angle, and its energies (profiles, sum, layers) scaled by the ratio of
+    primary energies."""
+    ia, ib = _paired_order(a, b)
+    first = {k: v[ia] for k, v in a.items()}
+    second = {k: v[ib] for k, v in b.items()}
     scale = first["energy"] / second["energy"]
     for key in ("sum", "profile_x", "profile_y", "profile_z"):
         second[key] = second[key] * scale.reshape(-1, *[1] * (second[key].ndim - 1))
@@ -171,7 +201,7 @@ def pair_by_conditions(a: Dict[str, np.ndarray], b: Dict[str, np.ndarray]):
 
 
 def with_floor(result: dict, mc: Dict[str, np.ndarray], mc_other: Dict[str, np.ndarray],
-               with_angle: bool = True):
+               with_angle: bool = True, classifier: bool = False, seeds: int = 5):
     """``result`` (``score(mc, gan)``) with each ``FLOORED`` number's ``_floor`` (``mc``
     against the disjoint ``mc_other``) and ``_ratio``; returns (result, the second half's
     features paired with ``mc``, or None)."""
@@ -179,20 +209,23 @@ def with_floor(result: dict, mc: Dict[str, np.ndarray], mc_other: Dict[str, np.n
         result.update({f"{k}_{s}": None for k in FLOORED for s in ("floor", "ratio")})
         return result, None
     first, second = pair_by_conditions(mc, mc_other)
-    floor = score(first, second, with_angle)
+    floor = score(first, second, with_angle, classifier, seeds)
     for name in FLOORED:
         value, base = result.get(name), floor.get(name)
         result[f"{name}_floor"] = base
+        if name in RATIO_TO_ERROR and base is not None:
+            base = max(abs(base), floor.get(f"{name}_error") or 0.0)
+            result[f"{name}_floor_error"] = floor.get(f"{name}_error")
+        if name == "auc_high" and base is not None:
+            result[f"{name}_floor_error"] = floor.get(f"{name}_error")
         ok = value is not None and base is not None and np.isfinite(base) and base > 0
         result[f"{name}_ratio"] = float(value / base) if ok else None
+    if "separation_power_features" in floor:   # each feature's value beside its floor
+        result["separation_power_features"] = {
+            k: {"value": v, "floor": floor["separation_power_features"][k]}
+            for k, v in result.get("separation_power_features", {}).items()}
     result["floor_events"] = floor["events"]
     return result, second
-
-
-def _rows(batch: dict, index: np.ndarray) -> dict:
-    """The events of a preprocessed batch whose ``_index`` is in ``index``."""
-    keep = np.isin(batch["_index"], index)
-    return {k: np.asarray(v)[keep] for k, v in batch.items()}
 
 
 def _cells_gev(task, raw: dict, index: np.ndarray) -> np.ndarray:
@@ -210,70 +243,148 @@ def _observe(task, batch: dict, cells_gev: np.ndarray) -> Dict[str, np.ndarray]:
     return features(cells_gev, batch["energy"] * 100.0, batch.get("angle"), batch["_index"], d)
 
 
+# a --generated sample whose conditions (energy or angle) a KS test tells from the MC's at
+# this p-value is refused: it was made for other conditions, and pairing would compare unlike
+# showers (two samples of one distribution are refused once in a thousand)
+MIN_CONDITION_PVALUE = 1e-3
+
+
+def _refuse_mismatch(mismatch: dict, gan) -> None:
+    from ..errors import UsageError
+
+    if not gan:
+        raise UsageError("--generated: no generated shower passed the selection")
+    bad = {k.split("_")[0]: v for k, v in mismatch.items() if v < MIN_CONDITION_PVALUE}
+    if bad:
+        raise UsageError(
+            "--generated: its showers were made for other conditions than the MC's: their "
+            + " and ".join(f"{k} distribution differs (KS p-value {v:.2g} < "
+                           f"{MIN_CONDITION_PVALUE:g})" for k, v in bad.items())
+            + "; compare showers generated for the MC's energies and angles")
+
+
 def validate_task(task, files, events: np.ndarray, comm, folder: Optional[str],
                   max_events: int = 512, plots: bool = True, generated=None,
-                  title: str = "") -> dict:
+                  title: str = "", classifier: bool = False, seeds: int = 5,
+                  voxel_events: int = 0, device: str = "cpu") -> dict:
     """Collective: one shower per MC event with the same (E, θ), scored against the MC.
 
     ``events`` are split into two disjoint halves of at most ``max_events`` each
     (``halves``): showers are made for the first and scored against it, and the first
-    against the second is the MC-vs-MC floor (``with_floor``). The showers come from ``task.generate``, or, with ``generated`` (files in the MC's
-    format), are read from there: event i of ``generated`` pairs with MC event i and carries
-    its own conditioning. Each rank handles a share of ``events``; rank 0 gathers the
-    observables, scores, writes ``validation.json`` and the plots (titled ``title``) into
-    ``folder``. Every rank returns the result dict.
+    against the second is the MC-vs-MC floor (``with_floor``). The showers come from
+    ``task.generate``, or, with ``generated`` (files in the MC's format, each shower carrying
+    its own conditioning), are read from the same event numbers there and paired with the MC
+    by their conditions, as the floor's second half is (``pair_by_conditions``); a sample made
+    for other conditions is refused (UsageError). ``classifier``: the high-level classifier
+    AUC too (``seeds`` runs, for the number and its floor); ``voxel_events``: the low-level
+    (voxel) classifier AUC too, on the first that many events of the MC, the generated showers
+    and the floor's MC half (``challenge.voxel_auc``, on ``device``; no pairing: the classifier
+    compares distributions, with E_inc among its inputs). Each rank handles a share of
+    ``events``; rank 0 gathers the observables, scores, writes ``validation.json`` and the
+    plots (titled ``title``) into ``folder``. Every rank returns the result dict.
     """
     chosen, other = halves(events, max_events)
     rank, size = comm.Get_rank(), comm.Get_size()
     mine = chosen[rank::size]
     mc_parts, gan_parts, other_parts = [], [], []
+    # the voxel classifier's subsample: each rank keeps its share's first cells
+    per_rank = -(-voxel_events // size) if voxel_events else 0
+    voxels = {"mc": [], "gan": [], "other": []}
+
+    def keep(name, cells, batch):
+        have = sum(len(c) for c, _ in voxels[name])
+        if have < per_rank and len(cells):
+            take = per_rank - have
+            voxels[name].append((np.asarray(cells[:take], np.float32),
+                                 np.asarray(batch["energy"][:take]) * 100.0))
+
     for start in range(0, len(mine), 64):
         index = mine[start:start + 64]
         raw = {**files.read(index), "_index": index}
         batch = task.preprocess(raw)
         if generated is None:
             images = task.generate(batch["energy"], batch.get("angle"), batch["_index"])
-            fake_batch = {**batch, "images": images}
             fake_gev = task.preprocess.to_gev(images)
-        else:  # both sides' event filters apply: keep the pairs that pass both
-            fake_raw = {**generated.read(index), "_index": index}
+            gan_parts.append(_observe(task, {**batch, "images": images}, fake_gev))
+            keep("gan", fake_gev, batch)
+        else:  # its own events, filtered by the preprocessing as the MC's are
+            gen_index = index[index < len(generated)]
+            fake_raw = {**generated.read(gen_index), "_index": gen_index}
             fake_batch = task.preprocess(fake_raw)
-            both = np.intersect1d(batch["_index"], fake_batch["_index"])
-            batch, fake_batch = _rows(batch, both), _rows(fake_batch, both)
-            fake_gev = _cells_gev(task, fake_raw, both)
-        mc_parts.append(_observe(task, batch, _cells_gev(task, raw, batch["_index"])))
-        gan_parts.append(_observe(task, fake_batch, fake_gev))
+            fake_gev = _cells_gev(task, fake_raw, fake_batch["_index"])
+            gan_parts.append(_observe(task, fake_batch, fake_gev))
+            keep("gan", fake_gev, fake_batch)
+        cells = _cells_gev(task, raw, batch["_index"])
+        mc_parts.append(_observe(task, batch, cells))
+        keep("mc", cells, batch)
     mine = other[rank::size]  # the floor's second MC half: observables only
     for start in range(0, len(mine), 64):
         index = mine[start:start + 64]
         raw = {**files.read(index), "_index": index}
         batch = task.preprocess(raw)
-        other_parts.append(_observe(task, batch, _cells_gev(task, raw, batch["_index"])))
+        cells = _cells_gev(task, raw, batch["_index"])
+        other_parts.append(_observe(task, batch, cells))
+        keep("other", cells, batch)
     other_all = comm.gather(concat(other_parts), root=0)
+    voxels = comm.gather(voxels, root=0) if voxel_events else None
     mc_all = comm.gather(concat(mc_parts), root=0)
     gan_all = comm.gather(concat(gan_parts), root=0)
     result = None
     if comm.Get_rank() == 0:
-        mc, gan = concat(mc_all), concat(gan_all)
-        if not mc:
-            result = {"score": None, "events": 0}
-        else:
-            with_angle = task.variant == "angle"
-            result, mc_other = with_floor(score(mc, gan, with_angle), mc, concat(other_all),
-                                          with_angle)
-            if folder:
-                os.makedirs(folder, exist_ok=True)
-                if plots:
-                    from .plots import plot
-
-                    result["plots"] = plot(mc, gan, folder, title=title,
-                                           label="GAN" if generated is None else "generated",
-                                           floor=mc_other)
-                from ..core.io import atomic_write_text
-
-                atomic_write_text(os.path.join(folder, "validation.json"),
-                                  json.dumps(result, indent=2))
+        try:
+            result = _score_and_plot(task, mc_all, gan_all, other_all, folder, plots, generated,
+                                     title, classifier, seeds, voxels, device)
+        except Exception as err:  # raised on every rank below, not on rank 0 alone
+            result = err
     from ..core.comm import wait_idle
 
     wait_idle(comm)  # the others wait asleep while rank 0 scores and plots
-    return comm.bcast(result, root=0)
+    result = comm.bcast(result, root=0)
+    if isinstance(result, Exception):
+        raise result
+    return result
+
+
+def _joined(parts, name):
+    """(cells, energies) of one sample's voxel subsample from every rank's parts."""
+    pieces = [p for rank in parts for p in rank[name]]
+    if not pieces:
+        return np.zeros((0, 1), np.float32), np.zeros(0)
+    return np.concatenate([c for c, _ in pieces]), np.concatenate([e for _, e in pieces])
+
+
+def _score_and_plot(task, mc_all, gan_all, other_all, folder, plots, generated, title,
+                    classifier, seeds, voxels=None, device="cpu") -> dict:
+    """Rank 0: validate_task's scoring, JSON and plots from the gathered observables."""
+    mc, gan = concat(mc_all), concat(gan_all)
+    if not mc:
+        result = {"score": None, "events": 0}
+    else:
+        with_angle = task.variant == "angle"
+        paired = None
+        if generated is not None:
+            paired = condition_mismatch(mc, gan) if gan else {}
+            _refuse_mismatch(paired, gan)
+            mc, gan = pair_by_conditions(mc, gan)
+        result, mc_other = with_floor(score(mc, gan, with_angle, classifier, seeds), mc,
+                                      concat(other_all), with_angle, classifier, seeds)
+        if paired is not None:
+            result["generated_condition_mismatch"] = paired
+        if voxels:
+            from .challenge import voxel_auc
+
+            result.update(voxel_auc(_joined(voxels, "mc"), _joined(voxels, "gan"),
+                                    _joined(voxels, "other"), seeds, device))
+        if folder:
+            os.makedirs(folder, exist_ok=True)
+            if plots:
+                from .plots import plot
+
+                result["plots"] = plot(mc, gan, folder, title=title,
+                                       label="GAN" if generated is None else "generated",
+                                       floor=mc_other)
+            from ..core.io import atomic_write_text
+
+            atomic_write_text(os.path.join(folder, "validation.json"),
+                              json.dumps(result, indent=2))
+    return result

@@ -6,13 +6,22 @@
 
 For every MC event, one shower is generated from the checkpoint with the same (E, θ), or, with
 --generated, read from showers in the calorimeter's HDF5 format (another generator's output,
-or a second MC sample): event i there pairs with MC event i and carries its own conditioning
-(energy, and the angle key for the angle model). The §4b observables are compared, and three
-numbers reported (see ``mpilearn.calo.physics`` and ``mpilearn.calo.reference``):
+or a second MC sample), each carrying its own conditioning (energy, and the angle key for the
+angle model): they are paired with the MC by (E, θ), as the floor's second MC half is, and
+refused when made for other conditions. The §4b observables are compared, and these numbers
+reported, each beside its MC-vs-MC floor and ratio (see ``mpilearn.calo.physics``,
+``mpilearn.calo.reference`` and ``mpilearn.calo.challenge``):
   score                  mpilearn's physics score (lower is better);
   reference_metric       the reference analysis's optimisation metric (moments, profiles,
                          angle), on its event selection;
-  sampling_fraction_mre  the reference's epoch-selection MRE, with its value per energy bin.
+  sampling_fraction_mre  the reference's epoch-selection MRE, with its value per energy bin;
+  fpd, kpd               the CaloChallenge's Fréchet and kernel physics distances on the
+                         high-level features, with their errors;
+  separation_power       the mean over those features of their histograms' separation power;
+  auc_high               the high-level classifier's calibrated AUC, mean ± std over --seeds
+                         (0.5: the classifier cannot tell; --no-classifier skips it);
+  auc_low                the voxel classifier's, on --voxel-events events (--full: all, on
+                         the GPU where there is one).
 Writes ``validation.json`` and PNG plots into ``--output``, and the results to ``--json``.
 """
 from __future__ import annotations
@@ -39,6 +48,10 @@ def prepare(args):
 
     if not args.checkpoint and not args.generated:
         raise UsageError("give --checkpoint (generate showers) or --generated (read them)")
+    if args.voxel_events < 0:
+        raise UsageError(f"--voxel-events {args.voxel_events}: give 0 (none) or more")
+    if args.seeds < 1:
+        raise UsageError(f"--seeds {args.seeds}: give at least 1 classifier run")
     if args.json and os.path.isdir(args.json):
         raise UsageError(f"--json {args.json} is a folder, not a file")
     checkpoint = config = None
@@ -109,7 +122,7 @@ def main(argv=None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--checkpoint", help="checkpoint file, its 'latest' pointer, or a run directory")
     p.add_argument("--generated", nargs="+", help="showers to compare instead of generating "
-                   "them: HDF5 files or globs in the MC's format, paired with the MC by order")
+                   "them: HDF5 files or globs in the MC's format, paired with the MC by (E, θ)")
     p.add_argument("--mc", nargs="+", required=True, help="Monte Carlo HDF5 files or globs")
     p.add_argument("--config", help="the run's config.yaml (default: next to checkpoints/)")
     p.add_argument("--angle-key", default="mtheta", help="the angle dataset of files read "
@@ -122,6 +135,13 @@ def main(argv=None) -> int:
     p.add_argument("--overwrite", action="store_true", help="replace an existing --output folder")
     p.add_argument("--json", help="also write the results to this JSON file")
     p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--no-classifier", action="store_true", help="skip the classifier AUC")
+    p.add_argument("--voxel-events", type=int, default=256, help="events of each sample for "
+                   "the low-level (voxel) classifier AUC (default 256: minutes on a CPU; 0 skips it)")
+    p.add_argument("--full", action="store_true", help="the voxel classifier on every compared "
+                   "event, on the GPU where there is one")
+    p.add_argument("--seeds", type=int, default=5, help="classifier runs (splits and "
+                   "initialisations) averaged for the AUC (default 5)")
     args = p.parse_args(argv)
 
     from ..core import comm as mcomm
@@ -166,7 +186,11 @@ def main(argv=None) -> int:
         from .physics import validate_task
 
         result = validate_task(task, mc, events, ctx.comm, output, max_events=args.events,
-                               plots=not args.no_plots, generated=generated, title=title)
+                               plots=not args.no_plots, generated=generated, title=title,
+                               classifier=not args.no_classifier, seeds=args.seeds,
+                               voxel_events=0 if args.no_classifier else
+                               (args.events if args.full else args.voxel_events),
+                               device=_device(args.full))
     except Exception as err:  # mpilearn's own errors become statuses; others abort the job
         return exit_status(err, ctx.rank)
     if ctx.rank == 0:
@@ -176,6 +200,15 @@ def main(argv=None) -> int:
             atomic_write_text(args.json, json.dumps(result, indent=2))
         print(summary(result) + f"; results in {args.json or output}")
     return 0
+
+
+def _device(full: bool) -> str:
+    """The voxel classifier's device: the GPU with --full where there is one."""
+    if not full:
+        return "cpu"
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def summary(result: dict) -> str:
@@ -190,15 +223,25 @@ def summary(result: dict) -> str:
         if result.get(f"{name}_floor") is None:
             return ""
         ratio = result.get(f"{name}_ratio")
-        return (f" [MC-vs-MC floor {result[name + '_floor']:.4f}, ratio "
+        return (f" [MC-vs-MC floor {result[name + '_floor']:.4g}, ratio "
                 + (f"{ratio:.2f}]" if ratio is not None else "n/a]"))
+
+    def challenge():
+        out = []
+        for name in ("fpd", "kpd", "separation_power", "auc_high", "auc_low"):
+            if result.get(name) is None:
+                continue
+            err = result.get(f"{name}_error")
+            out.append(f"{name} {result[name]:.4g}" + (f" ± {err:.2g}" if err is not None else "")
+                       + floor(name))
+        return "; ".join(out)
 
     return (f"score {result['score']:.4f}{floor('score')} ({terms('')}); reference_metric "
             f"{result['reference_metric']:.4f} ({terms('reference_')}), over the cells the MC "
             f"fills {result['reference_metric_filled']:.4f}{floor('reference_metric_filled')}; "
             f"sampling_fraction_mre {result['sampling_fraction_mre']:.4f} ± "
-            f"{result['sampling_fraction_mre_error']:.4f}{floor('sampling_fraction_mre')} "
-            f"on {result['events']} events")
+            f"{result['sampling_fraction_mre_error']:.4f}{floor('sampling_fraction_mre')}; "
+            f"{challenge()} on {result['events']} events")
 
 
 if __name__ == "__main__":

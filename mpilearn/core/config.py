@@ -60,6 +60,7 @@ SCHEMA: Dict[str, Any] = {
         "keep_checkpoints": 3,
         "validate_every": 0,          # physics validation every N epochs (GAN tasks); 0 = off
         "physics_events": 512,        # validation events used for the physics score
+        "classifier_every": 0,        # the high-level classifier AUC every N validations; 0 = off
         "log": ["jsonl"],             # + tensorboard | csv | mlflow (mpilearn.train.loggers)
         "log_every_steps": 0,         # tensorboard: training losses every N steps; 0 = off
         "elastic": {                  # a run that changes size (README "Elastic training")

@@ -6,7 +6,10 @@ Variants (``hparams.variant``):
   fixed  25x25x25, conditioned multiplicatively (E/100 · z, z in R^200); D has 3 outputs
          (real/fake, E/100, cell sum). G 872 808 / D 73 402 trainable.
 ``hparams.preset: small`` keeps the angle model's inputs, outputs, heads and losses but with
-few, narrow layers, for CPU tests and demos.
+few, narrow layers, for CPU tests and demos. ``preset: smooth`` (proposed, not yet trained:
+issue 49 part 3) does the same with a generator that grows the shower by x2 trilinear steps,
+each followed by a convolution, instead of the small preset's x6 nearest-neighbour copy, whose
+6-cell blocks show in every profile.
 
 Faithful-port checklist (§1c): LeakyReLU 0.3, nearest up-sampling, BN momentum 0.01 (Keras
 0.99) and eps 1e-6, Keras "same" padding for even kernels (2 before / 3 after for 6), explicit
@@ -23,7 +26,7 @@ from mpilearn.calo.gan import GANTask, build_networks
 
 DEFAULTS = {
     "variant": "angle",        # angle | fixed
-    "preset": "full",          # full | small
+    "preset": "full",          # full | small | smooth
     "lr": 1e-3,                # RMSprop, both models
     "loss_weights": None,      # default [3, 0.1, 25, 0.1] (angle) / [2, 0.1, 0.1] (fixed)
     "label_flip": 0.05,
@@ -33,7 +36,7 @@ DEFAULTS = {
     "seed": 0,                 # noise and label-flip streams
     "dtype": "float32",        # float64 for exact equivalence tests
 }
-HPARAMS = {"variant": ["angle", "fixed"], "preset": ["full", "small"], "lr": "[0, inf)",
+HPARAMS = {"variant": ["angle", "fixed"], "preset": ["full", "small", "smooth"], "lr": "[0, inf)",
            "label_flip": "[0, 1]", "dropout": "[0, 1)", "batch_norm": [True, False],
            "angle_key": ["mtheta", "theta"], "seed": "int [0, inf)",
            "dtype": ["float32", "float64"]}
@@ -161,6 +164,21 @@ def small_angle_models(bn=True, dropout=0.2):
     return g, Discriminator(d_body, 10 * 10 * 4 * 8, "angle")
 
 
+def smooth_angle_models(bn=True, dropout=0.2):
+    """The small preset's inputs, outputs, heads, losses and discriminator; a generator with no
+    nearest-neighbour copy: two x2 trilinear up-samplings, each smoothed by a 3x3x3
+    convolution, then one valid convolution to the 51x51x25 grid (proposed for issue 49's
+    CPU preset, to be chosen by a sweep on FPD and AUC; not trained yet)."""
+    g_body = [nn.Upsample(scale_factor=2, mode="trilinear", align_corners=False),  # 26x26x14
+              *_conv_block(4, 12, (3, 3, 3), _same((3, 3, 3)), "relu", bn),
+              nn.Upsample(scale_factor=2, mode="trilinear", align_corners=False),  # 52x52x28
+              *_conv_block(12, 8, (3, 3, 3), _same((3, 3, 3)), "relu", bn),
+              *_conv_block(8, 8, (2, 2, 4), None, "relu", bn)]                  # 51x51x25
+    g = Generator(256, (13, 13, 7), 4, g_body, last_bias=True, last_kernel=1)
+    _, d = small_angle_models(bn, dropout)
+    return g, d
+
+
 def fixed_models(bn=True, dropout=0.2):
     g_body = [*_conv_block(8, 64, (6, 6, 8), _same((6, 6, 8)), "leaky", bn),
               nn.Upsample(scale_factor=2, mode="nearest"),
@@ -177,7 +195,8 @@ def fixed_models(bn=True, dropout=0.2):
 
 
 def networks(hparams):
-    return build_networks({**DEFAULTS, **hparams}, fixed_models, angle_models, small_angle_models)
+    return build_networks({**DEFAULTS, **hparams}, fixed_models, angle_models, small_angle_models,
+                          smooth_angle_models)
 
 
 def build(hparams):

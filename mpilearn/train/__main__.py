@@ -40,6 +40,7 @@ config keys (YAML; --set uses dotted names):
   train.checkpoint_every_steps  0 (epoch ends only)  train.keep_checkpoints  3
   train.validate_every       0 (off)  physics score every N epochs (GAN tasks)
   train.physics_events       512    validation events used for the physics score
+  train.classifier_every     0 (off)  the high-level classifier AUC every N validations
   train.log                  [jsonl] + tensorboard | csv | mlflow   train.log_every_steps  0
   train.elastic.{min_ranks,max_ranks,batch}  0 (not elastic), 0 (= start size), rank | global:
                              at another rank count keep the per-rank batch (lr_scaling again)
@@ -103,7 +104,7 @@ def main(argv=None) -> int:
 
         base = None
         if args.demo:
-            from ..core.defaults import default_config, ensure_data
+            from ..calo.demo import default_config, ensure_data
 
             base = default_config()
             ensure_data(ctx.comm)

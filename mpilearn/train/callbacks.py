@@ -20,6 +20,8 @@ from .best import improved, inferred_mode
 class Callback:
     name = ""
     headline: tuple = ()  # metric names the epoch log's line on stdout shows
+    # record -> a short text for the epoch line (e.g. numbers beside their floors), or None
+    summary = None
 
     @classmethod
     def for_trainer(cls, trainer) -> "Callback":
@@ -59,19 +61,24 @@ class EpochLog(Callback):
 
     name = "log"
 
-    def __init__(self, metrics_path: str, log=None, rank: int = 0, headline=()):
+    def __init__(self, metrics_path: str, log=None, rank: int = 0, headline=(), summaries=()):
         self.metrics_path, self.log, self.rank = metrics_path, log, rank
-        self.headline = set(headline)
+        self.headline, self.summaries = set(headline), tuple(summaries)
 
     def on_epoch_end(self, record):
         if self.rank != 0:
             return False
         append_jsonl(self.metrics_path, record)
         self.log.epoch(record)
-        shown = {k: (round(v, 5) if isinstance(v, float) else v) for k, v in record.items()
+        # one short line: the losses, the speed and each callback's summary (the full record
+        # is in metrics.jsonl)
+        shown = [f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
+                 for k, v in record.items()
                  if k.startswith(("train_", "val_")) or k in self.headline
-                 or k == "samples_per_s"}
-        print(f"epoch {record['epoch']}: {shown}", flush=True)
+                 or k == "samples_per_s"]
+        extra = [text for summary in self.summaries if (text := summary(record))]
+        print(f"epoch {record['epoch']}: " + "; ".join(filter(None, [", ".join(shown), *extra])),
+              flush=True)
         return False
 
 

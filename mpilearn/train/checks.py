@@ -38,7 +38,7 @@ RUN_OUTPUTS = ("config.yaml", "metrics.jsonl", "checkpoints", "validation", "mod
                "launches.jsonl", "report")
 # keys that a resumed run may change: how long, how often, where; not what is trained
 SAFE_ON_RESUME = {"output", "train.epochs", "train.max_steps_per_epoch", "train.validate_every",
-                  "train.physics_events", "train.checkpoint_every_steps",
+                  "train.classifier_every", "train.physics_events", "train.checkpoint_every_steps",
                   "train.keep_checkpoints", "train.early_stopping.patience",
                   "train.best.monitor", "train.best.mode", "data.test_files",
                   "train.compile", "train.channels_last",  # how it runs, not what it trains

@@ -150,7 +150,8 @@ class Trainer:
         t, rank = self.config["train"], self.ctx.rank
         out = [cls.for_trainer(self) for cls in task_callbacks(self.task, self.config)]
         headline = {name for cb in out for name in cb.headline}
-        out.append(EpochLog(self.metrics_path, self.log, rank, headline))
+        summaries = [cb.summary for cb in out if cb.summary is not None]
+        out.append(EpochLog(self.metrics_path, self.log, rank, headline, summaries))
         if self.monitors["best"]:
             out.append(BestCheckpoint(*self.monitors["best"]))
         es = t["early_stopping"]

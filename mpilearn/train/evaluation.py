@@ -52,12 +52,19 @@ def test_pass(task, files, batch_size: int, comm, output: str, epoch: int,
     result = {"epoch": epoch, "files": list(files.paths),
               **{"test_" + k[len("val_"):]: v for k, v in scores.items()}}
     own = getattr(task, "test_metrics", None)
-    if own is not None and config is not None:
-        result.update({f"test_{k}": v for k, v in own(files, comm, output, config).items()})
+    mine = own(files, comm, output, config) if own is not None and config is not None else {}
+    result.update({f"test_{k}": v for k, v in mine.items()})
     if comm.Get_rank() == 0:
         append_jsonl(os.path.join(output, "metrics.jsonl"), {"test": result})
         atomic_write_text(os.path.join(output, "test.json"), json.dumps(result, indent=1))
-        print(f"mpilearn: test after epoch {epoch}: "
-              + ", ".join(f"{k} {v:.5g}" for k, v in result.items()
-                          if k.startswith("test_") and isinstance(v, float)), flush=True)
+        # one short line: the losses, and the task's summary of its own numbers where it has
+        # one (the full record is in test.json)
+        summary = getattr(task, "test_summary", None)
+        shown = {**{f"test_{k[len('val_'):]}": v for k, v in scores.items()},
+                 **({} if summary else {f"test_{k}": v for k, v in mine.items()})}
+        parts = [", ".join(f"{k} {v:.4g}" for k, v in shown.items() if isinstance(v, float))]
+        if summary and mine:
+            parts.append(summary(mine))
+        print(f"mpilearn: test after epoch {epoch}: " + "; ".join(filter(None, parts)),
+              flush=True)
     return result

@@ -1,7 +1,8 @@
 """The embedded demo job: what ``python -m mpilearn.train --demo`` (and ``make demo``) runs.
 
 The small 3DGAN preset on synthetic showers (``mpilearn.calo.simulate``), generated once by rank 0
-into the cache folder, so the demo needs no download. Physics validation runs every epoch.
+into the cache folder, so the demo needs no download. Physics validation runs every epoch. It
+lives in calo/, not core/: the core knows no calorimeter (tests/test_layers.py checks it).
 """
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ def default_config() -> dict:
 
 def ensure_data(comm) -> None:
     """Collective: rank 0 simulates the default dataset if it is not cached yet."""
-    from ..calo.simulate import simulate
+    from .simulate import simulate
 
     folder = data_dir()
     if comm.Get_rank() == 0 and not glob.glob(os.path.join(folder, "*.h5")):
