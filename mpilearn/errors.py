@@ -20,6 +20,9 @@ import sys
 USAGE_EXIT = 2
 STOPPED_EXIT = 3
 SWEEP_FAILED_EXIT = 4
+# an elastic run's survivors when fewer than min_ranks are left (EX_TEMPFAIL: the same as a
+# stop signal's checkpoint, so a requeue script resumes it)
+BELOW_MIN_EXIT = 75
 
 
 class UsageError(Exception):
@@ -36,6 +39,11 @@ class TrainingStopped(Exception):
     """Training cannot usefully continue: a loss or gradient is NaN/inf, the generator only
     emits empty images, or the time limit passed. Raised alike on every rank (decided on
     globally reduced values)."""
+
+
+class BelowMinRanks(RuntimeError):
+    """Fewer ranks than ``train.elastic.min_ranks`` are left; the survivors wrote a checkpoint
+    (``core/membership.TooFewRanks`` says which ranks were lost)."""
 
 
 class SweepFailed(Exception):
@@ -55,9 +63,7 @@ def exit_status(err: BaseException, rank: int = 0) -> int:
     if isinstance(err, TrainingStopped):
         _say(rank, f"mpilearn: training stopped: {err}")
         return STOPPED_EXIT
-    from .core.membership import BELOW_MIN_EXIT, TooFewRanks
-
-    if isinstance(err, TooFewRanks):
+    if isinstance(err, BelowMinRanks):
         _say(rank, f"mpilearn: {err}; continue with --resume auto")
         return BELOW_MIN_EXIT
     if isinstance(err, SweepFailed):

@@ -63,9 +63,9 @@ def test_read_matches_h5py_for_every_storage_layout(tmp_path, layout):
 def test_resume_position_and_prefetch_error(toy_files):
     files = EventFiles(toy_files, ["X", "y"])
     loader = ShardedLoader(files, np.arange(1024), 16, 1, 2, seed=0)
-    tail = list(loader.batches(2, start_step=30))
+    tail = list(loader.batches(2, position=30 * 32))  # 30 global batches of 2 x 16 consumed
     assert len(tail) == 2
-    np.testing.assert_array_equal(tail[0]["_index"], loader.local_indices(2, 30))
+    np.testing.assert_array_equal(tail[0]["_index"], loader.local_indices(2, 30 * 32))
 
     def broken(batch):
         raise ValueError("bad event")

@@ -19,9 +19,7 @@ from typing import Callable, List, Optional
 
 from . import comm as mcomm
 
-# what an elastic run's survivors exit with when fewer than min_ranks are left (EX_TEMPFAIL:
-# the same as a stop signal's checkpoint, so a requeue script resumes it)
-BELOW_MIN_EXIT = 75
+from ..errors import BELOW_MIN_EXIT, BelowMinRanks  # noqa: F401 (the exit status, named here too)
 
 
 class RanksLost(RuntimeError):
@@ -32,7 +30,7 @@ class RanksLost(RuntimeError):
         self.change = change
 
 
-class TooFewRanks(RuntimeError):
+class TooFewRanks(BelowMinRanks):
     """Fewer ranks than ``min_ranks`` are left (the survivors checkpoint and exit 75)."""
 
     def __init__(self, change: "Change", min_ranks: int, step: int):
