@@ -2,8 +2,8 @@
 # One GPU session, as run on the lent H100 (no registry there): install the carried wheels,
 # record the software, then run what was asked for.
 #   bash bench/gpu_session.sh OUT STAGES...
-# stages: env bench quick explore tests suite convergence, and issue 31's: gpu small shared generate
-#         eager compiled (each capped by `timeout`, so that one device call stays < 10 min)
+# stages: env bench quick explore tests suite convergence challenge, and issue 31's: gpu small
+#         shared generate eager compiled (each capped by `timeout`, so that one device call stays < 10 min)
 # Issue 31's whole GPU run is three device calls of at most ~9.5 minutes each (the device
 # README's limits: 10 minutes a command, 30 minutes a session, 8 files back, so each call
 # packs its folder into one tarball). By priority: bf16 full model (the 300 events/s
@@ -83,6 +83,15 @@ for stage in "$@"; do
     convergence)  # issue 35: time-to-quality at np 1/2/4 (resumable: run the stage again to continue)
       timeout ${CONVERGENCE_S:-560} python3 bench/convergence.py --device cuda --preset full \
         --out "$OUT/convergence" >"$OUT/convergence.log" 2>&1; tail -14 "$OUT/convergence.log" ;;
+    challenge)  # issue 49: the voxel (low-level) classifier AUC on every compared event, MC vs MC and a
+      # distorted MC (7 % too hot, one cell over), on the GPU
+      python3 -m mpilearn.simulate --events 4000 --events-per-file 4000 --output /tmp/mcA --seed 1 >/dev/null 2>&1
+      python3 -m mpilearn.simulate --events 4000 --events-per-file 4000 --output /tmp/mcB --seed 2 >/dev/null 2>&1
+      python3 -c "import h5py, numpy as np, glob, shutil, os; os.makedirs('/tmp/bad', exist_ok=True); src = glob.glob('/tmp/mcB/*.h5')[0]; dst = '/tmp/bad/' + os.path.basename(src); shutil.copy(src, dst); f = h5py.File(dst, 'r+'); x = f['ECAL'][...]; f['ECAL'][...] = np.roll(x * 1.07, 1, axis=1); f.close()"
+      for s in mcB bad; do
+        timeout ${CHALLENGE_S:-120} python3 -m mpilearn.validate --generated "/tmp/$s/*.h5" --mc "/tmp/mcA/*.h5" --events 2000 --full \
+          --no-plots --output "$OUT/challenge_$s" --json "$OUT/challenge_$s.json" >"$OUT/challenge_$s.log" 2>&1; echo "$s rc=$?"; tail -4 "$OUT/challenge_$s.log"
+      done ;;
     tests)  timeout ${TESTS_S:-300} python3 -m pytest -v -rs -p no:cacheprovider -n 8 --durations=15 tests/test_gpu.py >"$OUT/tests_gpu.log" 2>&1; tail -30 "$OUT/tests_gpu.log" ;;
     suite)  timeout ${SUITE_S:-420} python3 -m pytest -v -rs -p no:cacheprovider -n 14 $IGNORE -k "$SKIP" tests >"$OUT/suite.log" 2>&1; tail -40 "$OUT/suite.log" ;;
   esac
