@@ -62,6 +62,11 @@ SCHEMA: Dict[str, Any] = {
         "physics_events": 512,        # validation events used for the physics score
         "log": ["jsonl"],             # + tensorboard | csv | mlflow (mpilearn.train.loggers)
         "log_every_steps": 0,         # tensorboard: training losses every N steps; 0 = off
+        "watchdog": {                 # a rank without a step for max(floor_s, factor x its
+            "enabled": True,          # median step) ends the job, its stack in the run
+            "floor_s": 60.0,          # directory (mpilearn.core.watchdog)
+            "factor": 10.0,
+        },
     },
     "device": {
         "type": "auto",               # auto | cpu | cuda

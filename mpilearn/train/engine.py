@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from ..core import comm as mcomm
+from ..core import watchdog
 from ..cluster import preempt
 from ..core.config import dump
 from ..data.hdf5 import ShardedLoader
@@ -227,6 +228,9 @@ class Trainer:
     def fit(self) -> dict:
         """Trains to the configured end. A task's TrainingStopped is logged, a stop signal
         (Preempted) checkpoints the exact position; both are then re-raised."""
+        self.watchdog = watchdog.from_config(self.config["train"], self.ctx.rank, self.output)
+        if self.watchdog is not None:
+            self.watchdog.start()
         try:
             return self._fit()
         except preempt.Preempted as stop:
@@ -243,6 +247,8 @@ class Trainer:
             self._save()
             raise
         finally:
+            if self.watchdog is not None:
+                self.watchdog.stop()
             if self.log is not None:
                 self.log.close()
 
@@ -294,9 +300,14 @@ class Trainer:
             self.bar = tqdm(total=self.steps_per_epoch, initial=self.step_in_epoch,
                             desc=f"epoch {self.epoch + 1}/{t['epochs']}", unit="step",
                             file=sys.stderr, dynamic_ncols=True, leave=False)
+        # the steps are watched; an epoch's end (validation, plots) is not: its time is no step's
+        if self.watchdog is not None and self.strategy.beats:
+            self.watchdog.arm()
         try:
             self.strategy.run_epoch(ec)
         finally:
+            if self.watchdog is not None:
+                self.watchdog.pause()
             if self.bar is not None:
                 self.bar.close()
             if ec.restart:  # an asynchronous epoch stopped by a signal runs again
@@ -309,6 +320,8 @@ class Trainer:
         """After every synchronous step: counters, step logs, the stop check (which also
         covers the read of the ``upcoming`` batch), and the periodic checkpoint."""
         t = self.config["train"]
+        if self.watchdog is not None:
+            self.watchdog.beat()
         for k, v in losses.items():
             self.acc["losses"][k] = self.acc["losses"].get(k, 0.0) + v
         self.acc["steps"] += 1

@@ -1,8 +1,10 @@
 """The MLP example, but rank 1 fails at its third training step: it raises; with
 ``hparams.exit_code`` it calls ``sys.exit(exit_code)``; with ``hparams.nan_inputs`` its
-inputs turn NaN for that step instead."""
+inputs turn NaN for that step instead; with ``hparams.hang`` (a file name) it creates that
+file and sleeps for ever inside the step (the watchdog's case)."""
 import os
 import sys
+import time
 
 import numpy as np
 
@@ -16,6 +18,7 @@ def build(hparams):
     hparams = dict(hparams)
     exit_code = hparams.pop("exit_code", None)
     nan_inputs = hparams.pop("nan_inputs", False)
+    hang = hparams.pop("hang", "")
     task = mlp.build(hparams)
     plain_step = task.train_step
     calls = {"n": 0}
@@ -23,6 +26,10 @@ def build(hparams):
     def train_step(batch):
         calls["n"] += 1
         if mpilearn.rank() == 1 and calls["n"] == 3:
+            if hang:
+                open(hang, "w").close()
+                while True:
+                    time.sleep(3600)
             if nan_inputs:
                 batch = {**batch, "X": np.full_like(batch["X"], np.nan)}
             elif exit_code is not None:
