@@ -75,6 +75,7 @@ class Coordinator:
         # recent trials' walls: how long a block may wait for a model point (see model_wait)
         self.walls = [r["wall"] for r in state.finished.values() if r.get("wall")][-200:]
         self.stop_requested = False
+        self.announce_at = None  # when the stop's line is due (interrupt)
         self.exhausted = False
         self.bar = None
         if progress:
@@ -224,6 +225,7 @@ class Coordinator:
             while active:
                 if preempt.requested() is not None and not self.stop_requested:
                     self.interrupt()
+                self.announce()
                 waiting = self.comm.Iprobe(source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG, status=status)
                 if not waiting and not self.deferred:
                     time.sleep(sleep)
@@ -247,6 +249,7 @@ class Coordinator:
                 if not answers:
                     time.sleep(0.001)  # only blocks waiting for the model: let it compute
         finally:
+            self.announce(now=True)
             sys.setswitchinterval(switch)
             self.pool.close()
             if self.bar is not None:
@@ -289,9 +292,23 @@ class Coordinator:
                 break
         return answers
 
+    # a plain SIGTERM may be only the consequence of another rank's death: Open MPI's launcher
+    # sends it to the survivors and SIGKILLs them 0.5 s later. Its line waits this long, so
+    # that the one line is the launcher's (mpilearn-run: the rank that died, and how), not it
+    CONSEQUENCE_WAIT_S = 1.5
+
     def interrupt(self) -> None:
         """Stop dispatching (a stop signal); in-flight trials are re-queued by --resume."""
         if not self.stop_requested and self.bar is None:
+            wait = self.CONSEQUENCE_WAIT_S if preempt.describe() == "SIGTERM" else 0.0
+            self.announce_at = time.monotonic() + wait
+        self.stop_requested = True
+        self.announce()
+
+    def announce(self, now: bool = False) -> None:
+        """The stop's one line, once its wait (``CONSEQUENCE_WAIT_S``) is over, or ``now``."""
+        at = getattr(self, "announce_at", None)
+        if at is not None and (now or time.monotonic() >= at):
+            self.announce_at = None
             print(f"mpilearn: stopping the sweep ({preempt.describe()}): no new trials; "
                   "trials in flight are recorded as interrupted", flush=True)
-        self.stop_requested = True
