@@ -72,6 +72,7 @@ class Coordinator:
         self.queued: List[bool] = []  # per answer: it waited in the queue for a model point
         self.cpu_times: List[float] = []       # this thread's CPU seconds per decision
         self.deferred: List[tuple] = []  # (block, rank, asked, deadline): waiting for a model point
+        self.spares: List[tuple] = []  # (block, rank, asked): held back for a lost block's trial
         # recent trials' walls: how long a block may wait for a model point (see model_wait)
         self.walls = [r["wall"] for r in state.finished.values() if r.get("wall")][-200:]
         self.stop_requested = False
@@ -265,8 +266,18 @@ class Coordinator:
         if tag == TAG_PROGRESS:
             return [(source, TAG_VERDICT, self._verdict(msg), asked, False)]
         block = msg["block"]
-        if msg.get("result") is not None:
+        if msg.get("lost"):
+            self.lose(block, msg["lost"])
+            if msg.get("retired"):  # the block is gone: nothing to answer
+                active.discard(block)
+                return []
+        elif msg.get("result") is not None:
             self._finish(block, msg["result"])
+        if self.spares and (self.requeue or not self.running or self.stop_requested):
+            # a lost trial for a spare, or the last trial done: the spares are served now
+            now = time.monotonic()
+            self.deferred[:0] = [(b, src, at, now) for b, src, at in self.spares]
+            self.spares.clear()
         self.deferred.append((block, source, asked, time.monotonic() + self._wait()))
         answers = self._serve_deferred(active, only_first=True) if len(self.deferred) == 1 \
             else []
@@ -283,6 +294,9 @@ class Coordinator:
             if trial is Prefetcher.WAIT:
                 break
             self.deferred.pop(0)
+            if trial is None and self._keep_spare():
+                self.spares.append((block, source, asked))
+                continue
             if trial is None:
                 active.discard(block)
             else:
@@ -291,6 +305,23 @@ class Coordinator:
             if only_first:
                 break
         return answers
+
+    SPARES = 1  # blocks kept, not released, while trials run: a lost trial's next block
+
+    def _keep_spare(self) -> bool:
+        """Hold this block back instead of releasing it? While trials are in flight and the
+        budget is spent, one block waits for a trial that a failed block may give back: the
+        sweep still ends with its whole budget when a block fails in its last trials."""
+        return (bool(self.running) and not self.stop_requested and not self.exhausted
+                and len(self.spares) < self.SPARES)
+
+    def lose(self, block: int, reason: str) -> None:
+        """A block failed under its trial (a rank lost, a hang its watchdog caught): the trial
+        is journalled as interrupted with the reason and runs again first, on the next block
+        that asks (from its folds' checkpoints), counted once in the budget."""
+        event = self.running.pop(block)
+        self.journal.write("interrupted", key=event["key"], block=block, reason=reason)
+        self.requeue.insert(0, self.state.started[event["key"]])
 
     # a plain SIGTERM may be only the consequence of another rank's death: Open MPI's launcher
     # sends it to the survivors and SIGKILLs them 0.5 s later. Its line waits this long, so
