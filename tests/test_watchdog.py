@@ -81,3 +81,30 @@ def test_bounds_must_be_positive():
     check_watchdog({"enabled": True, "floor_s": 60.0, "factor": 10.0})
     with pytest.raises(UsageError, match="train.watchdog.floor_s must be positive"):
         check_watchdog({"enabled": True, "floor_s": 0, "factor": 10.0})
+
+
+def test_in_a_sweep_the_stuck_rank_ends_the_job_and_its_trial_stays_in_flight(toy_file, tmp_path):
+    """Without ULFM the block's other rank cannot leave the collective it waits in: the job
+    ends (124, which the jobs/ scripts requeue) and --resume runs the trial again."""
+    import yaml
+
+    from mpilearn.core.io import read_jsonl
+
+    marker = tmp_path / "hung"
+    cfg = {"model": f"{TESTS}/models/crash.py", "hparams": {"hang": str(marker)},
+           "data": {"files": [toy_file]}, "output": str(tmp_path / "sweep"),
+           "train": {"epochs": 1, "batch_size": 8, "watchdog": {"floor_s": FLOOR}},
+           "search": {"searcher": "random", "budget": 2, "blocks": 1, "folds": 1,
+                      "ranks_per_fold": 2, "objective": {"metric": "val_loss"},
+                      "space": {"lr": {"type": "real", "low": 1e-3, "high": 0.1}}}}
+    path = tmp_path / "hpo.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    proc = mpirun(3, ["-m", "mpilearn.optimize", "--config", str(path), "--no-progress"],
+                  timeout=180)
+    assert proc.returncode == WATCHDOG_EXIT, proc.stderr[-3000:]
+    lines = [l for l in proc.stderr.splitlines() if "watchdog:" in l]
+    assert len(lines) == 1 and "watchdog: rank 1 on " in lines[0], proc.stderr[-3000:]
+    assert list((tmp_path / "sweep").glob("trials/*/fold*/watchdog-rank1.txt"))
+    events = read_jsonl(str(tmp_path / "sweep" / "journal.jsonl"))
+    assert [e["event"] for e in events if e["event"] in ("started", "done", "failed")] == \
+        ["started"]  # in flight: --resume runs it again

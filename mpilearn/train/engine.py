@@ -228,7 +228,9 @@ class Trainer:
     def fit(self) -> dict:
         """Trains to the configured end. A task's TrainingStopped is logged, a stop signal
         (Preempted) checkpoints the exact position; both are then re-raised."""
-        self.watchdog = watchdog.from_config(self.config["train"], self.ctx.rank, self.output)
+        # named by its world rank: in a sweep, the fold's rank would not say which process
+        world_rank = mcomm.mpi().COMM_WORLD.Get_rank()
+        self.watchdog = watchdog.from_config(self.config["train"], world_rank, self.output)
         if self.watchdog is not None:
             self.watchdog.start()
         try:
