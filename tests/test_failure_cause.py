@@ -52,7 +52,7 @@ def test_a_killed_block_rank_is_named_and_the_survivors_sigterm_is_not(tmp_path)
     assert job.returncode == 137, out[-3000:]
     lines = [l for l in out.splitlines() if l.startswith("mpilearn-run: the job ended")]
     assert len(lines) == 1, out[-3000:]
-    assert f"rank 2 on host " in lines[0] and f"(pid {victim}): killed by SIGKILL" in lines[0]
+    assert "rank 2 on host " in lines[0] and f"(pid {victim}): killed by SIGKILL" in lines[0]
     assert "stopping the sweep" not in out and "SIGTERM" not in out, out[-3000:]
 
 

@@ -195,7 +195,8 @@ def test_a_job_whose_rank_was_killed_requeues_itself_and_finishes(slurm, toy_fil
     config = train_config(tmp_path, toy_file, epochs=2, checkpoint_every_steps=2)
     out = tmp_path / "run"
     job = submit(slurm, tmp_path, "train.sbatch", config, str(out),
-                 "--set", f"model={TESTS}/models/crash.py", "--set", "hparams={kill_first_run: true}")
+                 "--set", f"model={TESTS}/models/crash.py",
+                 "--set", "hparams={kill_first_run: true}")
     slurm.skip_requeue_hold(job)
     info = slurm.wait(job)
     log = log_of(tmp_path, job)

@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 import re
 import signal
+import sys
+import threading
 from typing import Optional
 
 # prterun noticed that process rank 1 with PID 1822 on node vm exited on signal 9 (Killed).
@@ -100,9 +102,6 @@ class Scanner:
     KEEP = 1 << 16
 
     def __init__(self, fd: int, out=None):
-        import sys
-        import threading
-
         self.fd, self.out = fd, out or sys.stderr.buffer
         self.tail = b""
         self.thread = threading.Thread(target=self._copy, name="mpilearn-run-stderr", daemon=True)
