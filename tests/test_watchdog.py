@@ -77,7 +77,11 @@ def test_a_beat_costs_under_a_microsecond_or_two(tmp_path):
     assert per_beat < 20e-6, f"{per_beat * 1e6:.1f} us a beat"  # loose: a loaded machine
 
 
-def test_bounds_must_be_positive():
+def test_bounds_must_be_positive_and_a_misspelt_key_is_named():
+    from mpilearn.core.config import resolve
+
+    with pytest.raises(UsageError, match="did you mean 'train.watchdog.floor_s'"):
+        resolve(None, ["train.watchdog.flor_s=3"], require_model=False)
     check_watchdog({"enabled": True, "floor_s": 60.0, "factor": 10.0})
     with pytest.raises(UsageError, match="train.watchdog.floor_s must be positive"):
         check_watchdog({"enabled": True, "floor_s": 0, "factor": 10.0})
