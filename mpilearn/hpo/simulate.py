@@ -18,8 +18,8 @@ a release does not, see ``play``). Rank 1 is an event loop
 (no thread per block). A block's wait is counted from the moment its trial ends, so the
 simulator's own lag counts against utilisation and never for it.
 
-Failures (``--fail-fraction``): that share of the blocks fails once, in one of its trials at
-a random point of it. Half of them (``--hang-share``) hang: the block makes no progress for
+Failures (``--fail-fraction``): that share of the blocks fails once, in one of the first half
+of its trials, at a random point of it. Half of them (``--hang-share``) hang: the block makes no progress for
 ``--hang-s`` (the watchdog's time), then says so and is reset (it asks for a new trial). The
 others vanish: they report the loss (what ULFM's failure notice tells the coordinator) and
 never ask again. Either way the coordinator journals the trial as interrupted and gives it to
@@ -69,7 +69,8 @@ def failures(workers: int, evals: int, seed: int, fraction: float, hang_share: f
     count = int(round(fraction * workers))
     blocks = rng.choice(workers, size=min(count, workers), replace=False)
     hangs = int(round(hang_share * len(blocks)))
-    return {int(b): (int(rng.integers(evals)), float(rng.uniform(0.1, 0.9)),
+    # in the first half of its share: a block gets about ``evals`` trials, not exactly
+    return {int(b): (int(rng.integers(max(1, evals // 2))), float(rng.uniform(0.1, 0.9)),
                      "hang" if i < hangs else "vanish") for i, b in enumerate(blocks)}
 
 
