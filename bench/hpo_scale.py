@@ -4,6 +4,8 @@
     python bench/hpo_scale.py               # 8, 64, 256, 1 024 workers, 5 seeds (hours;
                                             # --jobs 4 runs 4 sweeps at once on a quiet node)
     python bench/hpo_scale.py --workers 1024 --seeds 5 --jobs 4   # one size
+    python bench/hpo_scale.py --workers 1024 --searchers gp --fail-fraction 0 0.01 \
+        --out bench/results/hpo_scale_failures   # the failure row beside its baseline
 
 Every sweep is ``mpirun -np 2``: rank 0 runs the real coordinator (journal with group
 commits, prefetcher, searcher), rank 1 plays the workers with the messages real blocks send
@@ -27,6 +29,10 @@ Reported per worker count and searcher (mean over seeds; regret: median over see
   including the journal's fsync) for the requests it answered at once, and apart from them
   the share of requests that queued for a model point still being computed (the coordinator
   serves the others meanwhile) with their wait; its CPU time per decision (the main thread's).
+- with ``--fail-fraction F``: that share of the blocks fails once mid-trial, half vanishing,
+  half hanging for the watchdog's time (``mpilearn.hpo.simulate``); utilisation is then that
+  of the surviving capacity (a vanished block's time ends at its failure; the lost part of a
+  trial counts as idle), beside the trials interrupted and lost (budget - distinct trials done).
 Writes bench/results/hpo_scale.{json,md,png}.
 """
 import argparse
@@ -104,12 +110,13 @@ def one(argv) -> int:
     return simulate.main(argv, factory)
 
 
-def sweep(searcher, workers, seed, median_s, tmp):
-    out = os.path.join(tmp, f"{searcher}-{workers}-{seed}")
+def sweep(searcher, workers, seed, median_s, tmp, fail=0.0):
+    out = os.path.join(tmp, f"{searcher}-{workers}-{seed}-{fail:g}")
     options = {"gp": {"n_initial": workers}}.get(searcher, {})
     cmd = ["mpirun", "-np", "2", "--oversubscribe", sys.executable, os.path.abspath(__file__),
            "--one", "--workers", str(workers), "--searcher", searcher, "--seed", str(seed),
-           "--median-s", str(median_s), "--out", out, "--options", json.dumps(options)]
+           "--median-s", str(median_s), "--out", out, "--options", json.dumps(options),
+           "--fail-fraction", str(fail)]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "OMPI_ALLOW_RUN_AS_ROOT": "1",
            "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO)
@@ -129,8 +136,13 @@ def metrics(out):
     lat, cpu = np.array(sim["latency_s"]), np.array(sim["decision_cpu_s"])
     queued = np.array(sim["queued"], dtype=bool)
     at_once, waited = lat[~queued], lat[queued]
+    done = {e["key"] for e in journal if e["event"] == "done"}
+    budget = len(sim["busy_s"]) * sim["evals_per_worker"]
     return {"utilisation": float(busy.sum() / window.sum()),
-            "utilisation_min": float(np.min(busy / window)),
+            "failed_blocks": len(sim.get("lost", [])),
+            "interrupted": sum(e["event"] == "interrupted" for e in journal),
+            "lost_trials": budget - len(done), "exact_budget": len(trials) == budget,
+            "utilisation_min": float(np.min(busy[window > 0] / window[window > 0])),
             "model_share": origins["model"] / post if post and origins["model"] else None,
             "origins": dict(origins), "trials": len(trials),
             "once": len({e["key"] for e in journal if e["event"] == "done"}) == len(trials),
@@ -155,26 +167,32 @@ def table(rows, sizes, searchers, seeds):
           "answered at once; queued: the requests that waited for a model point being "
           "computed (their share, and their wait's p95); CPU: the coordinator's main thread's "
           "CPU per decision.", "",
-          "| workers | trial median | searcher | utilisation (min worker) | model share | regret | "
+          "| workers | trial median | searcher | failing blocks: interrupted, lost trials, "
+          "exact budget | utilisation (min worker) | model share | regret | "
           "decision p50 / p95 (ms) | queued share, p95 (ms) | CPU per decision p50 / p95 (ms) | "
           "block wait p95 (ms) | wall (s) |",
-          "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for w in sizes:
-        for s in searchers:
-            runs = [r for r in rows if r["workers"] == w and r["searcher"] == s]
-            if not runs:
-                continue
-            mean = lambda k: float(np.mean([r[k] for r in runs]))  # noqa: E731
-            shares = [r["model_share"] for r in runs if r["model_share"] is not None]
-            md.append(
-                f"| {w} | {runs[0]['median_s']:g} s | {s} | {mean('utilisation'):.2%} "
-                f"({min(r['utilisation_min'] for r in runs):.1%}) | "
-                f"{f'{np.mean(shares):.1%}' if shares else 'n/a'} | "
-                f"{np.median([r['regret'] for r in runs]):.4f} | "
-                f"{mean('decision_p50_ms'):.1f} / {mean('decision_p95_ms'):.1f} | "
-                f"{mean('queued_share'):.1%}, {mean('queued_p95_ms'):.0f} | "
-                f"{mean('cpu_per_decision_p50_ms'):.2f} / {mean('cpu_per_decision_p95_ms'):.2f} | "
-                f"{mean('block_wait_p95_ms'):.0f} | {mean('wall_s'):.0f} |")
+          "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    fails = sorted({r.get("fail", 0.0) for r in rows})
+    for w, s, fail in [(w, s, f) for w in sizes for s in searchers for f in fails]:
+        runs = [r for r in rows if r["workers"] == w and r["searcher"] == s
+                and r.get("fail", 0.0) == fail]
+        if not runs:
+            continue
+        mean = lambda k: float(np.mean([r[k] for r in runs]))  # noqa: E731
+        shares = [r["model_share"] for r in runs if r["model_share"] is not None]
+        md.append(
+            f"| {w} | {runs[0]['median_s']:g} s | {s} | "
+            f"{fail:.0%} ({mean('failed_blocks'):.0f}): {mean('interrupted'):.1f}, "
+            f"{sum(r['lost_trials'] for r in runs)}, "
+            f"{'yes' if all(r['exact_budget'] for r in runs) else 'NO'} | "
+            f"{mean('utilisation'):.2%} "
+            f"({min(r['utilisation_min'] for r in runs):.1%}) | "
+            f"{f'{np.mean(shares):.1%}' if shares else 'n/a'} | "
+            f"{np.median([r['regret'] for r in runs]):.4f} | "
+            f"{mean('decision_p50_ms'):.1f} / {mean('decision_p95_ms'):.1f} | "
+            f"{mean('queued_share'):.1%}, {mean('queued_p95_ms'):.0f} | "
+            f"{mean('cpu_per_decision_p50_ms'):.2f} / {mean('cpu_per_decision_p95_ms'):.2f} | "
+            f"{mean('block_wait_p95_ms'):.0f} | {mean('wall_s'):.0f} |")
     return md
 
 
@@ -217,19 +235,21 @@ def main():
     ap.add_argument("--searchers", nargs="+", default=list(SEARCHERS), choices=SEARCHERS)
     ap.add_argument("--median-s", type=float, help="median trial length (default max(1, W/100))")
     ap.add_argument("--jobs", type=int, help="sweeps run at once (default 1; --quick: 2)")
+    ap.add_argument("--fail-fraction", type=float, nargs="+", default=[0.0],
+                    help="shares of the blocks that fail mid-sweep, one row each (0 0.01)")
     ap.add_argument("--out", default=os.path.join(REPO, "bench", "results", "hpo_scale"))
     a = ap.parse_args()
     sizes = a.workers or ([8, 64] if a.quick else [8, 64, 256, 1024])
     seeds = range(1 if a.quick else a.seeds)
-    plan = [(s, w, seed, a.median_s or max(1.0, w / 100)) for w in sizes for seed in seeds
-            for s in a.searchers]
+    plan = [(s, w, seed, a.median_s or max(1.0, w / 100), f) for w in sizes for seed in seeds
+            for s in a.searchers for f in a.fail_fraction]
     rows = []
     with tempfile.TemporaryDirectory(dir=os.path.join(REPO, "bench", "results")) as tmp:
         def go(job):
-            s, w, seed, median_s = job
+            s, w, seed, median_s, fail = job
             start = time.perf_counter()
-            row = {"searcher": s, "workers": w, "seed": seed, "median_s": median_s,
-                   **sweep(s, w, seed, median_s, tmp)}
+            row = {"searcher": s, "workers": w, "seed": seed, "median_s": median_s, "fail": fail,
+                   **sweep(s, w, seed, median_s, tmp, fail)}
             print(json.dumps({k: v for k, v in row.items() if k not in ("regret_curve", "end_s")})
                   + f"  ({time.perf_counter() - start:.0f} s)", flush=True)
             return row

@@ -187,3 +187,20 @@ def test_scancel_stops_for_good_one_writer_and_a_preempted_job_resumes(slurm, to
     assert "was cancelled" not in log, log
     records = [r for r in read_jsonl(str(metrics)) if "time" in r]
     assert [r["epoch"] for r in records] == list(range(1, epochs + 1)), records
+
+
+def test_a_job_whose_rank_was_killed_requeues_itself_and_finishes(slurm, toy_file, tmp_path):
+    """kill -9 of one rank (as the OOM killer does) in the job's first run: the script requeues
+    it (a crash, within the site's max_restarts) and the next run resumes and finishes."""
+    config = train_config(tmp_path, toy_file, epochs=2, checkpoint_every_steps=2)
+    out = tmp_path / "run"
+    job = submit(slurm, tmp_path, "train.sbatch", config, str(out),
+                 "--set", f"model={TESTS}/models/crash.py",
+                 "--set", "hparams={kill_first_run: true}")
+    slurm.skip_requeue_hold(job)
+    info = slurm.wait(job)
+    log = log_of(tmp_path, job)
+    assert info["JobState"] == "COMPLETED" and info["Restarts"] == "1", log + slurm.logs()
+    assert "restart 1 of at most 3 after a crash: requeueing job" in log, log
+    assert "resumed from" in log and "restart 1 on" in log, log
+    assert [r["epoch"] for r in read_jsonl(str(out / "metrics.jsonl")) if "time" in r] == [1, 2]

@@ -6,8 +6,10 @@
 
 The script activates the site's modules (opt-in) and virtual environment, launches with
 ``srun`` or ``mpirun``, forwards the early-warning signal (``--signal=B:USR1@grace``) to every
-rank, and requeues itself when mpilearn exits 75 (stopped with its state saved); the next run
-picks up with ``--resume auto``. The ``#SBATCH`` lines are defaults: the rank count and the
+rank, and requeues itself when mpilearn exits 75 (stopped with its state saved), and after a
+crash (a killed rank, the OOM killer, a stuck rank's watchdog) up to the site's
+``max_restarts`` times; the next run picks up with ``--resume auto``. Bad input (2) and a run
+that its guard stopped (3, 4) would fail again: never requeued. The ``#SBATCH`` lines are defaults: the rank count and the
 nodes come from the allocation at job start (``--plan``), so ``sbatch --ntasks/--nodes/...``
 resize a job. The scripts in ``jobs/`` are this command's output for ``jobs/site-example.yaml``.
 
@@ -54,6 +56,8 @@ SITE = {
     "cpus_per_task": 0,       # 0: leave it to the cluster
     "time": "01:00:00",
     "signal_grace": 300,      # seconds before the time limit at which mpilearn checkpoints
+    "max_restarts": 3,        # requeues after a crash (a rank killed, OOM, the watchdog's 124);
+                              # 0: none. Bad input (2), a stopped run (3, 4) never requeue
     "stage_to": "",           # node-local directory to copy the data files to (e.g. /tmp)
     "sbatch": [],             # extra #SBATCH lines, e.g. ["--constraint=a100"]
     "price": {},              # {gpu_hour, cpu_hour, currency}: cluster/price.py (the report)
@@ -92,6 +96,9 @@ def load_site(path: str | None, overrides: dict) -> dict:
         raise UsageError(f"site: 'launcher' is {site['launcher']!r}; choose srun or mpirun")
     if site["nodes"] < 1:
         raise UsageError(f"site: 'nodes' must be at least 1, got {site['nodes']}")
+    if site["max_restarts"] < 0:
+        raise UsageError(f"site: 'max_restarts' must be 0 (never) or more, got "
+                         f"{site['max_restarts']}")
     if site["tasks_per_node"] < 0:
         raise UsageError(f"site: 'tasks_per_node' must be 0 (auto) or more, got "
                          f"{site['tasks_per_node']}")
@@ -229,6 +236,26 @@ def render(kind: str, config_path: str, output: str, config: dict, site: dict) -
         "elif [ $rc -eq 75 ]; then",
         '  echo "mpilearn: stopped with its state saved in $saved; not requeued '
         '(MPILEARN_REQUEUE=$MPILEARN_REQUEUE)"',
+        "# a crash: a rank killed (137: SIGKILL, the OOM killer), stuck (124), a traceback (1).",
+        "# Requeued a bounded number of times (counted in the run directory, per job); bad",
+        "# input (2) and a run its guard stopped (3, 4) would fail alike: never",
+        'elif [ $rc -ne 0 ] && [ $rc -ne 2 ] && [ $rc -ne 3 ] && [ $rc -ne 4 ] '
+        '&& [ "${MPILEARN_REQUEUE:-1}" = 1 ]; then',
+        '  crashes="$OUTPUT/.crashes-$SLURM_JOB_ID"',
+        '  n=$(( $(cat "$crashes" 2>/dev/null || echo 0) + 1 ))',
+        f'  if [ $n -le {site["max_restarts"]} ]; then',
+        '    echo $n > "$crashes"',
+    ]
+    if site["stage_to"]:
+        lines.append("    unstage")
+    lines += [
+        f'    echo "mpilearn: exit $rc; restart $n of at most {site["max_restarts"]} after a crash: '
+        'requeueing job $SLURM_JOB_ID from $saved"',
+        '    scontrol requeue "$SLURM_JOB_ID"',
+        "  else",
+        f'    echo "mpilearn: exit $rc; not requeued: {site["max_restarts"]} restart(s) after '
+        'a crash already (max_restarts in the site profile)"',
+        "  fi",
         "fi",
         "exit $rc",
     ]

@@ -313,6 +313,7 @@ def launch(cmd: List[str], open_mpi: bool, ranks: int = 1, aborted: Optional[lis
     import time
 
     from ..core.comm import STATUS_ENV
+    from . import cause
     from .preempt import NOTE_ENV, REQUEUE_EXIT
 
     fd, note = tempfile.mkstemp(prefix="mpilearn-run-", suffix=".signal")
@@ -324,7 +325,15 @@ def launch(cmd: List[str], open_mpi: bool, ranks: int = 1, aborted: Optional[lis
     env = {**os.environ, NOTE_ENV: note, STATUS_ENV: status}
     # a background process group must not read the terminal (SIGTTIN would stop it)
     stdin = subprocess.DEVNULL if sys.stdin is not None and sys.stdin.isatty() else None
-    child = subprocess.Popen(cmd, env=env, stdin=stdin, start_new_session=True)
+    # the launcher's stderr passes through a scanner: its report of the first failed rank
+    read_end, write_end = os.pipe()
+    oom_before = cause.oom_kills()
+    try:
+        child = subprocess.Popen(cmd, env=env, stdin=stdin, stderr=write_end,
+                                 start_new_session=True)
+    finally:
+        os.close(write_end)
+    scanner = cause.Scanner(read_end)
     seen = []
     held = []  # the time the first signal came, until it is forwarded
 
@@ -379,6 +388,7 @@ def launch(cmd: List[str], open_mpi: bool, ranks: int = 1, aborted: Optional[lis
     if killed:  # the status is the ranks' record, not the SIGKILL's
         rc = 0
     rc = honest_status(rc, recorded)
+    report = scanner.text()
     # a rank with no handler yet died of it (Open MPI: 128 + 10, Hydra: 10): say it once
     if len(seen) == 1 and rc in (128 + signal.SIGUSR1, signal.SIGUSR1):
         sys.stderr.write(f"mpilearn-run: stopped by {signal.Signals(seen[0]).name} before the "
@@ -387,7 +397,16 @@ def launch(cmd: List[str], open_mpi: bool, ranks: int = 1, aborted: Optional[lis
     if seen and rc == 0:  # the ranks had finished: the signal had nothing left to stop
         sys.stderr.write(f"mpilearn-run: {signal.Signals(seen[0]).name} came as the job was "
                          "ending; it had finished (status 0)\n")
+    # a killed rank: one line naming it (the survivors' SIGTERMs were only the consequence);
+    # mpilearn's own statuses already have theirs (a traceback, bad input, the watchdog)
+    if not seen and (rc not in KNOWN_EXITS or cause.first_failure(report)):
+        sys.stderr.write(cause.describe(report, rc, oom_before, cause.oom_kills()) + "\n")
     return rc
+
+
+# statuses whose cause mpilearn's ranks already named: done, a traceback (1), bad input (2),
+# stopped by its guard (3), a failed sweep (4), stopped with the state saved (75), the watchdog
+KNOWN_EXITS = (0, 1, 2, 3, 4, 75, 124)
 
 
 if __name__ == "__main__":

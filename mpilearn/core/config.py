@@ -69,6 +69,11 @@ SCHEMA: Dict[str, Any] = {
             "batch": "rank",          # rank: per-rank batch stays, lr_scaling re-applied | global
             "snapshot_every": 1,      # steps between in-memory snapshots (ULFM; redone at a loss)
         },
+        "watchdog": {                 # a rank without a step for max(floor_s, factor x its
+            "enabled": True,          # median step) ends the job, its stack in the run
+            "floor_s": 60.0,          # directory (mpilearn.core.watchdog)
+            "factor": 10.0,
+        },
     },
     "device": {
         "type": "auto",               # auto | cpu | cuda

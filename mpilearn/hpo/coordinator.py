@@ -73,9 +73,11 @@ class Coordinator:
         self.queued: List[bool] = []  # per answer: it waited in the queue for a model point
         self.cpu_times: List[float] = []       # this thread's CPU seconds per decision
         self.deferred: List[tuple] = []  # (block, rank, asked, deadline): waiting for a model point
+        self.spares: List[tuple] = []  # (block, rank, asked): held back for a lost block's trial
         # recent trials' walls: how long a block may wait for a model point (see model_wait)
         self.walls = [r["wall"] for r in state.finished.values() if r.get("wall")][-200:]
         self.stop_requested = False
+        self.announce_at = None  # when the stop's line is due (interrupt)
         self.exhausted = False
         self.bar = None
         if progress:
@@ -226,6 +228,7 @@ class Coordinator:
             while active:
                 if preempt.requested() is not None and not self.stop_requested:
                     self.interrupt()
+                self.announce()
                 waiting = self.comm.Iprobe(source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG, status=status)
                 if not waiting and not self.deferred:
                     time.sleep(sleep)
@@ -249,6 +252,7 @@ class Coordinator:
                 if not answers:
                     time.sleep(0.001)  # only blocks waiting for the model: let it compute
         finally:
+            self.announce(now=True)
             sys.setswitchinterval(switch)
             self.pool.close()
             if self.bar is not None:
@@ -264,8 +268,18 @@ class Coordinator:
         if tag == TAG_PROGRESS:
             return [(source, TAG_VERDICT, self._verdict(msg), asked, False)]
         block = msg["block"]
-        if msg.get("result") is not None:
+        if msg.get("lost"):
+            self.lose(block, msg["lost"])
+            if msg.get("retired"):  # the block is gone: nothing to answer
+                active.discard(block)
+                return []
+        elif msg.get("result") is not None:
             self._finish(block, msg["result"])
+        if self.spares and (self.requeue or not self.running or self.stop_requested):
+            # a lost trial for a spare, or the last trial done: the spares are served now
+            now = time.monotonic()
+            self.deferred[:0] = [(b, src, at, now) for b, src, at in self.spares]
+            self.spares.clear()
         self.deferred.append((block, source, asked, time.monotonic() + self._wait()))
         answers = self._serve_deferred(active, only_first=True) if len(self.deferred) == 1 \
             else []
@@ -282,6 +296,9 @@ class Coordinator:
             if trial is Prefetcher.WAIT:
                 break
             self.deferred.pop(0)
+            if trial is None and self._keep_spare():
+                self.spares.append((block, source, asked))
+                continue
             if trial is None:
                 active.discard(block)
             else:
@@ -291,9 +308,40 @@ class Coordinator:
                 break
         return answers
 
+    SPARES = 1  # blocks kept, not released, while trials run: a lost trial's next block
+
+    def _keep_spare(self) -> bool:
+        """Hold this block back instead of releasing it? While trials are in flight and the
+        budget is spent, one block waits for a trial that a failed block may give back: the
+        sweep still ends with its whole budget when a block fails in its last trials."""
+        return (bool(self.running) and not self.stop_requested and not self.exhausted
+                and len(self.spares) < self.SPARES)
+
+    def lose(self, block: int, reason: str) -> None:
+        """A block failed under its trial (a rank lost, a hang its watchdog caught): the trial
+        is journalled as interrupted with the reason and runs again first, on the next block
+        that asks (from its folds' checkpoints), counted once in the budget."""
+        event = self.running.pop(block)
+        self.journal.write("interrupted", key=event["key"], block=block, reason=reason)
+        self.requeue.insert(0, self.state.started[event["key"]])
+
+    # a plain SIGTERM may be only the consequence of another rank's death: Open MPI's launcher
+    # sends it to the survivors and SIGKILLs them 0.5 s later. Its line waits this long, so
+    # that the one line is the launcher's (mpilearn-run: the rank that died, and how), not it
+    CONSEQUENCE_WAIT_S = 1.5
+
     def interrupt(self) -> None:
         """Stop dispatching (a stop signal); in-flight trials are re-queued by --resume."""
         if not self.stop_requested and self.bar is None:
+            wait = self.CONSEQUENCE_WAIT_S if preempt.describe() == "SIGTERM" else 0.0
+            self.announce_at = time.monotonic() + wait
+        self.stop_requested = True
+        self.announce()
+
+    def announce(self, now: bool = False) -> None:
+        """The stop's one line, once its wait (``CONSEQUENCE_WAIT_S``) is over, or ``now``."""
+        at = getattr(self, "announce_at", None)
+        if at is not None and (now or time.monotonic() >= at):
+            self.announce_at = None
             print(f"mpilearn: stopping the sweep ({preempt.describe()}): no new trials; "
                   "trials in flight are recorded as interrupted", flush=True)
-        self.stop_requested = True

@@ -46,6 +46,8 @@ config keys (YAML; --set uses dotted names):
                              at another rank count keep the per-rank batch (lr_scaling again)
                              or the global batch (README "Elastic training")
   train.elastic.snapshot_every  1  steps between in-memory snapshots (a lost rank redoes them)
+  train.watchdog.{enabled,floor_s,factor}  true, 60, 10: a rank without a step for
+                             max(floor_s, factor x its median step) ends the job (exit 124)
   device.type                auto | cpu | cuda    device.allow_shared_gpus  false
   output                     run directory (default runs/<model>-<time>)
 
@@ -59,7 +61,7 @@ signals: SIGTERM, SIGINT or SIGUSR1 on any rank -> checkpoint after the current 
 before the first step: nothing to save, one line, exit 75 too.
 exit status: 0 done, 1 crash (the failing rank's traceback), 2 bad input,
 3 training stopped by its guard (e.g. the generator emits only empty images, a data read
-failed),
+failed), 124 a rank stuck (the watchdog: its stack in RUN/watchdog-rankR.txt),
 75 stopped by a signal with its state saved: requeue and run again with --resume auto.
 """
 

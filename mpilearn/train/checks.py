@@ -234,6 +234,14 @@ def describe_missing(pattern: str) -> Optional[str]:
     return None
 
 
+def check_watchdog(watchdog: dict) -> None:
+    """Positive bounds: a zero floor or factor would end every run at its first step."""
+    for key in ("floor_s", "factor"):
+        if watchdog[key] <= 0:
+            raise UsageError(f"train.watchdog.{key} must be positive, not {watchdog[key]} "
+                             "(set train.watchdog.enabled=false to turn the watchdog off)")
+
+
 def check_precision(task, precision: str) -> None:
     """bf16 autocast is applied by the PyTorch tasks; Keras has its own policy."""
     if precision == "bf16" and not getattr(task, "supports_autocast", True):

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from ..core import comm as mcomm
+from ..core import watchdog
 from ..cluster import preempt
 from ..core.config import dump
 from ..data.hdf5 import ShardedLoader
@@ -300,6 +301,11 @@ class Trainer:
     def fit(self) -> dict:
         """Trains to the configured end. A task's TrainingStopped is logged, a stop signal
         (Preempted) checkpoints the exact position; both are then re-raised."""
+        # named by its world rank: in a sweep, the fold's rank would not say which process
+        world_rank = mcomm.mpi().COMM_WORLD.Get_rank()
+        self.watchdog = watchdog.from_config(self.config["train"], world_rank, self.output)
+        if self.watchdog is not None:
+            self.watchdog.start()
         try:
             return self._fit()
         except preempt.Preempted as stop:
@@ -316,6 +322,8 @@ class Trainer:
             self._save()
             raise
         finally:
+            if self.watchdog is not None:
+                self.watchdog.stop()
             if self.log is not None:
                 self.log.close()
 
@@ -454,9 +462,14 @@ class Trainer:
             self.bar = tqdm(total=self.step_in_epoch + left, initial=self.step_in_epoch,
                             desc=f"epoch {self.epoch + 1}/{t['epochs']}", unit="step",
                             file=sys.stderr, dynamic_ncols=True, leave=False)
+        # the steps are watched; an epoch's end (validation, plots) is not: its time is no step's
+        if self.watchdog is not None and self.strategy.beats:
+            self.watchdog.arm()
         try:
             self.strategy.run_epoch(ec)
         finally:
+            if self.watchdog is not None:
+                self.watchdog.pause()
             if self.bar is not None:
                 self.bar.close()
             if ec.restart:  # an asynchronous epoch stopped by a signal runs again
@@ -470,6 +483,8 @@ class Trainer:
         """After every synchronous step: counters, step logs, the stop check (which also
         covers the read of the ``upcoming`` batch), and the periodic checkpoint."""
         t = self.config["train"]
+        if self.watchdog is not None:
+            self.watchdog.beat()
         for k, v in losses.items():
             self.acc["losses"][k] = self.acc["losses"].get(k, 0.0) + v
         self.acc["steps"] += 1

@@ -22,7 +22,7 @@ from ..errors import UsageError
 from . import checkpoint as ckpt, elastic
 from . import loggers, resize
 from .checks import (check_framework, check_hparams, check_monitor, check_output,
-                     check_precision, check_run_dir, choose_device, default_output, dry_run,
+                     check_precision, check_run_dir, check_watchdog, choose_device, default_output, dry_run,
                      open_files)
 from .setup import counted, event_split, new_task
 from .strategies import make_strategy
@@ -71,6 +71,7 @@ def _check(config, ctx, output, resume, events, overwrite, force, device_problem
     check_output(output)
     notes = list(check_run_dir(output, config, resume, overwrite, force))
     loggers.check(train["log"])
+    check_watchdog(train["watchdog"])
 
     load_builder(config["model"])  # a missing file or function, before its hyperparameters
     check_hparams(config["model"], config["hparams"])

@@ -51,6 +51,7 @@ class Strategy:
     name = ""
     min_ranks = 1
     trains = True  # this rank runs training steps (an asynchronous master does not)
+    beats = True   # ec.after_step follows every step (the watchdog's progress); not async
 
     def __init__(self, train: dict, comm):
         self.train, self.comm = train, comm
@@ -182,6 +183,7 @@ class Asynchronous(Strategy):
     """Downpour and EASGD: rank 0 is the master (``asyncsgd.Master``), the others workers."""
 
     min_ranks = 2
+    beats = False
 
     def __init__(self, train, comm):
         super().__init__(train, comm)
