@@ -54,3 +54,16 @@ def test_train_help_names_every_config_key():
     missing = [k for k in leaves(SCHEMA) if k not in EPILOG
                and k.rsplit(".", 1)[-1] not in groups.get(k.rsplit(".", 1)[0], ())]
     assert not missing, f"train --help does not name {missing}"
+
+
+def test_search_elastic_is_a_checked_boolean_and_refused_until_built():
+    from mpilearn.core.config import hpo_schema
+    from mpilearn.hpo.optimize import check_elastic
+
+    with pytest.raises(UsageError, match="'search.elastic' must be"):
+        resolve(None, ["model=m", "search.elastic=maybe"], schema=hpo_schema())
+    search = resolve(None, ["model=m", "search.elastic=true"], schema=hpo_schema())["search"]
+    assert search["elastic"] is True
+    check_elastic({**search, "elastic": False})  # the default: nothing to check
+    with pytest.raises(UsageError, match="search.elastic"):
+        check_elastic(search)

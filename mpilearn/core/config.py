@@ -127,6 +127,8 @@ SEARCH = {
     "enqueue": [],             # points to try first: [{lr: 0.001, hidden: 32}, ...]
     "warm_start": [],          # other sweeps' run directories: their results teach the searcher
     "test_files": [],          # held-out files: never read by the search
+    "elastic": False,          # ULFM (mpirun --with-ft ulfm): a lost rank ends only its block's
+                               # trial, never the sweep (mpilearn-run --min-np turns it on too)
 }
 
 

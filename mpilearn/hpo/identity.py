@@ -20,7 +20,7 @@ HISTORY = "config-history"
 SAFE_ON_RESUME = {"output", "search.budget", "search.trial_timeout", "search.blocks",
                   "search.enqueue", "data.prefetch", "device.allow_shared_gpus", "train.log",
                   "train.log_every_steps", "train.keep_checkpoints",
-                  "train.checkpoint_every_steps"}
+                  "train.checkpoint_every_steps", "search.elastic"}
 
 
 def check(output: str, config: dict, force: bool) -> List[str]:

@@ -48,6 +48,7 @@ def check_search(config: dict, build: bool = True) -> dict:
     s = config["search"]
     if s["budget"] < 1:
         raise UsageError(f"search.budget must be at least 1, got {s['budget']}")
+    check_elastic(s)
     obj = objective.parse(config)
     defaults, declared, task = {}, {}, None
     if "callable" not in obj:
@@ -134,6 +135,20 @@ def plan(config: dict, world_size: int, resume, force: bool = False) -> dict:
     return {"output": output, "n_events": n_events, "notes": notes, "force": force,
             "objective": parts["objective"], "searcher": parts["searcher"],
             "pruner": parts["pruner"], "warm_start": warm}
+
+
+def check_elastic(search: dict) -> None:
+    """search.elastic needs ULFM; and until a block's loss is handled (issue 46), a sweep
+    refuses it rather than accept a setting that would change nothing."""
+    from ..core import membership
+
+    if not search.get("elastic"):
+        return
+    if not membership.supported():
+        raise UsageError("search.elastic: true needs an MPI with ULFM (Open MPI 5 under "
+                         "'mpirun --with-ft ulfm'); this mpi4py's MPI has no Comm.Revoke/Shrink")
+    raise UsageError("search.elastic: true is not built yet: a lost rank still ends the "
+                     "sweep (exit 137); resume it with --resume")
 
 
 def start(plan: dict, config: dict) -> dict:
