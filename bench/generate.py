@@ -66,6 +66,28 @@ def torch_runner(model, device, precision):
     return run
 
 
+def instruction_set() -> str:
+    """The CPU's vector extensions that decide the int8/bf16 kernels (from /proc/cpuinfo)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        return "unknown"
+    wanted = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8")
+    return " ".join(flag for flag in wanted if flag in flags) or "none of " + " ".join(wanted)
+
+
+def onnx_cuda_missing(device) -> str:
+    """Why the ONNX Runtime rows are skipped on ``device`` ('' when they run): without the CUDA
+    execution provider ORT falls back to the CPU silently and takes minutes at batch 1 000."""
+    import onnxruntime
+
+    if device == "cuda" and "CUDAExecutionProvider" not in onnxruntime.get_available_providers():
+        return (f"skipped: onnxruntime {onnxruntime.__version__} has no CUDAExecutionProvider "
+                f"(available: {', '.join(onnxruntime.get_available_providers())})")
+    return ""
+
+
 def onnx_runner(model, device, threads):
     import onnxruntime
 
@@ -107,9 +129,14 @@ def main():
     def inputs_for(n):
         return tuple(x.to(a.device) for x in example_inputs(model, n))
 
-    rows = []
+    rows, skipped = [], onnx_cuda_missing(a.device)
     runtimes = [("torch", "fp32"), ("torch", "bf16"), ("onnxruntime", "fp32")]
     for runtime, precision in runtimes:
+        if runtime == "onnxruntime" and skipped:
+            rows.append({"device": a.device, "runtime": runtime, "precision": precision,
+                         "threads": a.threads, "skipped": skipped})
+            print(rows[-1], flush=True)
+            continue
         if runtime == "torch":
             fn = torch_runner(model.to(a.device), a.device, precision)
         else:
@@ -129,6 +156,7 @@ def main():
             print(row, flush=True)
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     data = {"rows": rows, "weights": source, "targets": TARGETS, "load_average": load,
+            "instruction_set": instruction_set(), "torch_threads": torch.get_num_threads(),
             "command": " ".join(["python", "bench/generate.py", *sys.argv[1:]])}
     write(a.out, data, markdown(data))
 
@@ -140,13 +168,17 @@ def markdown(data):
     pool = [r for r in ran if device == "cpu" or r["precision"] == "bf16"]  # GPU target: bf16
     best = max(pool, key=lambda r: r["showers_per_s"]) if pool else None
     md = [f"`{data['command']}`: the full angle generator with its post-processing "
-          f"({data['weights']}), {rows[0]['threads']} threads; 1-minute load average "
+          f"({data['weights']}), {rows[0]['threads']} threads, CPU instruction set "
+          f"{data.get('instruction_set', 'not recorded')}; 1-minute load average "
           f"{data['load_average']:.1f} when it ended (a shared machine: other jobs ran beside "
           "it, so these are lower bounds; the last column, showers per CPU-second of this process "
           "times its threads, estimates the rate on an idle machine).", "",
           "| device | runtime | precision | batch | showers/s | ms/shower | showers per CPU-second x threads |",
           "|---|---|---|---|---|---|---|"]
     for r in rows:
+        if "skipped" in r:
+            md.append(f"| {r['device']} | {r['runtime']} | {r['precision']} | | {r['skipped']} | | |")
+            continue
         chunks = f" (in calls of {r['chunk']})" if r["chunk"] < r["batch"] else ""
         md.append(f"| {r['device']} | {r['runtime']} | {r['precision']} | {r['batch']}{chunks} | "
                   f"{r['showers_per_s']:.1f} | {1000 / r['showers_per_s']:.1f} | "

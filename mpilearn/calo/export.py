@@ -22,8 +22,11 @@ file's ``metadata_props`` (every value a string; nested ones as JSON) and as
 from __future__ import annotations
 
 import argparse
+import contextlib
+import logging
 import os
 import sys
+import warnings
 
 import numpy as np
 
@@ -54,13 +57,43 @@ def _dynamic(model):
     return {name: {0: batch} for name in NAMES[model.variant]}
 
 
+class _DropMessage(logging.Filter):
+    def __init__(self, text: str):
+        super().__init__()
+        self.text = text
+
+    def filter(self, record) -> bool:
+        return self.text not in record.getMessage()
+
+
+@contextlib.contextmanager
+def quiet_export():
+    """Silences, during one export only, the exporters' messages a user cannot act on: the
+    registry's "torchvision is not installed" (torchvision ops are not in the generator), torch's
+    own LeafSpec deprecation and "the axis name: batch will not be used" (every input shares the
+    one batch dimension on purpose). Anything else still shows."""
+    registry = logging.getLogger("torch.onnx._internal.exporter._registration")
+    drop = _DropMessage("torchvision is not installed")
+    registry.addFilter(drop)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)",
+                                    category=FutureWarning)
+            warnings.filterwarnings("ignore", message=r".*axis name: batch will not be used",
+                                    category=UserWarning)
+            yield
+    finally:
+        registry.removeFilter(drop)
+
+
 def export_program(model, path: str) -> None:
     """``torch.export`` with a dynamic batch, saved with ``torch.export.save``."""
     import torch
 
     from ..core.io import atomic_write_bytes
 
-    program = torch.export.export(model, example_inputs(model, 3), dynamic_shapes=_dynamic(model))
+    with quiet_export():
+        program = torch.export.export(model, example_inputs(model, 3), dynamic_shapes=_dynamic(model))
     atomic_write_bytes(path, lambda f: torch.export.save(program, f))
 
 
@@ -69,9 +102,10 @@ def export_onnx(model, path: str) -> None:
     import torch
 
     tmp = path + ".tmp.onnx"
-    program = torch.onnx.export(model, example_inputs(model, 3), dynamo=True, verbose=False,
-                                dynamic_shapes=_dynamic(model), input_names=NAMES[model.variant],
-                                output_names=["cells_gev"])
+    with quiet_export():
+        program = torch.onnx.export(model, example_inputs(model, 3), dynamo=True, verbose=False,
+                                    dynamic_shapes=_dynamic(model), input_names=NAMES[model.variant],
+                                    output_names=["cells_gev"])
     program.save(tmp)
     os.replace(tmp, path)
 
