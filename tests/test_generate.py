@@ -160,6 +160,8 @@ def test_export_onnx_matches_pytorch_at_two_batch_sizes(tiny_run, tmp_path):
     proc = mpirun(1, ["-m", "mpilearn.export", str(tiny_run), "--output", str(tmp_path / "x")])
     assert proc.returncode == 0, proc.stderr
     assert "max |difference|" in proc.stdout
+    # a clean export: none of the exporters' messages a user cannot act on (issue 47)
+    assert "torchvision" not in proc.stderr and "Warning" not in proc.stderr, proc.stderr
     # what the model is valid for, in the ONNX file and beside it
     import onnx
 
