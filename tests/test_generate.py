@@ -187,6 +187,40 @@ def test_export_onnx_matches_pytorch_at_two_batch_sizes(tiny_run, tmp_path):
             torch.testing.assert_close(program(*inputs), model(*inputs))
 
 
+def test_int8_export_passes_its_physics_gate_or_is_refused_and_a_broken_scale_is_refused(
+        tiny_run, tmp_path):
+    proc = mpirun(1, ["-m", "mpilearn.export", str(tiny_run), "--output", str(tmp_path / "x"),
+                      "--no-check", "--precision", "int8", "--gate-events", "32"])
+    int8 = tmp_path / "x" / "generator.int8.onnx"
+    assert proc.returncode in (0, 2), proc.stderr
+    # either way the numbers are named: each metric's move and the fp32 seed-to-seed spread
+    text = proc.stdout + proc.stderr
+    assert "sampling_fraction_mre moved" in text and "seed-to-seed spread" in text, text
+    import onnx
+
+    from mpilearn.calo import precision
+
+    if proc.returncode == 0:
+        props = {p.key: p.value for p in onnx.load(str(int8)).metadata_props}
+        assert props["quantization"] == "dynamic" and json.loads(props["physics_gate"])["passed"]
+    else:
+        assert not int8.exists() and "refused" in proc.stderr
+    # a deliberately broken quantisation: one layer's weight scale 30x too large
+    fp32 = str(tmp_path / "x" / "generator.onnx")
+    meta = {p.key: p.value for p in onnx.load(fp32).metadata_props}
+    latent = 254 if meta["variant"] == "angle" else 200
+    broken = str(tmp_path / "broken.onnx")
+    precision.quantize_int8(fp32, broken, "dynamic", meta, latent)
+    graph = onnx.load(broken)
+    scale = next(t for t in graph.graph.initializer  # a convolution's (not the dense layer's)
+                 if t.name.endswith("weight_scale") and ".dense." not in t.name)
+    values = onnx.numpy_helper.to_array(scale) * 30
+    scale.CopyFrom(onnx.numpy_helper.from_array(values.astype(np.float32), scale.name))
+    onnx.save(graph, broken)
+    result = precision.gate(fp32, broken, meta, latent, events=32)
+    assert not result["passed"], precision.describe(result)
+
+
 def test_the_full_generator_exports_to_onnx(tmp_path):
     """The reference-size angle generator (untrained): the graph ONNX Runtime must run."""
     from mpilearn.calo.export import TOLERANCE, check_onnx, export_onnx
