@@ -221,6 +221,35 @@ def test_int8_export_passes_its_physics_gate_or_is_refused_and_a_broken_scale_is
     assert not result["passed"], precision.describe(result)
 
 
+def test_generate_runs_the_exported_file_alike_at_one_and_two_ranks(tiny_run, tmp_path):
+    proc = mpirun(1, ["-m", "mpilearn.export", str(tiny_run), "--output", str(tmp_path / "x"),
+                      "--no-check"])
+    assert proc.returncode == 0, proc.stderr
+    args = ("--events", "10", "--batch-size", "3", "--seed", "5", "--energy", "120", "180")
+    onnx_file = tmp_path / "x" / "generator.onnx"
+    runs = {"torch": generate(1, tiny_run, tmp_path / "torch.h5", *args)}
+    for ranks in (1, 2):
+        runs[ranks] = mpirun(ranks, ["-m", "mpilearn.generate", str(onnx_file), "--runtime", "onnx",
+                                     "--output", str(tmp_path / f"onnx{ranks}.h5"), "--no-progress",
+                                     *args])
+    assert all(p.returncode == 0 for p in runs.values()), [p.stderr for p in runs.values()]
+    with h5py.File(tmp_path / "torch.h5") as t, h5py.File(tmp_path / "onnx1.h5") as one, \
+            h5py.File(tmp_path / "onnx2.h5") as two:
+        assert one.attrs["runtime"] == "onnx" and one.attrs["onnx_file"] == str(onnx_file)
+        for key in one:  # the same file at 1 and 2 ranks
+            np.testing.assert_array_equal(one[key][()], two[key][()])
+        ecal, ref = one["ECAL"][()], t["ECAL"][()]
+        np.testing.assert_array_equal(one["energy"][()], t["energy"][()])
+        peak = ref.reshape(len(ref), -1).max(1)
+        worst = (np.abs(ecal - ref).reshape(len(ref), -1).max(1) / peak).max()
+        from mpilearn.calo.export import TOLERANCE
+
+        assert worst <= TOLERANCE, worst  # the torch path's showers to the file's precision
+    bad = mpirun(1, ["-m", "mpilearn.generate", str(tiny_run), "--runtime", "onnx",
+                     "--output", str(tmp_path / "bad.h5"), "--events", "2"])
+    assert bad.returncode == 2 and "is not a file" in bad.stderr, bad.stderr
+
+
 def test_the_full_generator_exports_to_onnx(tmp_path):
     """The reference-size angle generator (untrained): the graph ONNX Runtime must run."""
     from mpilearn.calo.export import TOLERANCE, check_onnx, export_onnx
