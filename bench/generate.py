@@ -1,6 +1,8 @@
 """Fast-simulation speed: showers/s of the full angle 3DGAN generator (with its post-processing,
 ``mpilearn.calo.runs.ShowerModel``, as generate and export run it), per batch size, in PyTorch
-fp32, PyTorch bf16 autocast and ONNX Runtime.
+fp32, PyTorch bf16 autocast and ONNX Runtime fp32 and int8 (dynamic and static QDQ, as
+``export --precision int8`` makes them; ONNX Runtime rows are skipped on cuda where onnxruntime
+has no CUDA execution provider).
 
     python bench/generate.py [--quick] [--device cpu|cuda] [--batches 1 100 10000] [--threads 2]
         [--checkpoint RUN] [--min-seconds 5] [--out bench/results/generate]
@@ -88,13 +90,20 @@ def onnx_cuda_missing(device) -> str:
     return ""
 
 
-def onnx_runner(model, device, threads):
+def onnx_runner(model, device, threads, precision="fp32"):
     import onnxruntime
 
     from mpilearn.calo.export import NAMES, export_onnx
 
     path = os.path.join(tempfile.mkdtemp(prefix="mpilearn-bench-"), "generator.onnx")
     export_onnx(model.cpu(), path)
+    if precision.startswith("int8"):  # "int8 dynamic" / "int8 static": as export --precision int8
+        from mpilearn.calo.precision import quantize_int8
+
+        latent = model.generator.dense.in_features - (2 if model.variant == "angle" else 0)
+        quantized = path[:-5] + ".int8.onnx"
+        quantize_int8(path, quantized, precision.split()[1], {"variant": model.variant}, latent)
+        path = quantized
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads = threads
     providers = (["CUDAExecutionProvider"] if device == "cuda" else []) + ["CPUExecutionProvider"]
@@ -130,7 +139,8 @@ def main():
         return tuple(x.to(a.device) for x in example_inputs(model, n))
 
     rows, skipped = [], onnx_cuda_missing(a.device)
-    runtimes = [("torch", "fp32"), ("torch", "bf16"), ("onnxruntime", "fp32")]
+    runtimes = [("torch", "fp32"), ("torch", "bf16"), ("onnxruntime", "fp32"),
+                ("onnxruntime", "int8 dynamic"), ("onnxruntime", "int8 static")]
     for runtime, precision in runtimes:
         if runtime == "onnxruntime" and skipped:
             rows.append({"device": a.device, "runtime": runtime, "precision": precision,
@@ -140,7 +150,7 @@ def main():
         if runtime == "torch":
             fn = torch_runner(model.to(a.device), a.device, precision)
         else:
-            fn = onnx_runner(model, a.device, a.threads)
+            fn = onnx_runner(model, a.device, a.threads, precision)
             model.to(a.device)
         for batch in a.batches:
             row = {"device": a.device, "runtime": runtime, "precision": precision, "batch": batch,
