@@ -1,6 +1,8 @@
 """Fast-simulation speed: showers/s of the full angle 3DGAN generator (with its post-processing,
 ``mpilearn.calo.runs.ShowerModel``, as generate and export run it), per batch size, in PyTorch
-fp32, PyTorch bf16 autocast and ONNX Runtime.
+fp32, PyTorch bf16 autocast and ONNX Runtime fp32 and int8 (dynamic and static QDQ, as
+``export --precision int8`` makes them; ONNX Runtime rows are skipped on cuda where onnxruntime
+has no CUDA execution provider).
 
     python bench/generate.py [--quick] [--device cpu|cuda] [--batches 1 100 10000] [--threads 2]
         [--checkpoint RUN] [--min-seconds 5] [--out bench/results/generate]
@@ -66,19 +68,67 @@ def torch_runner(model, device, precision):
     return run
 
 
-def onnx_runner(model, device, threads):
+def instruction_set() -> str:
+    """The CPU's vector extensions that decide the int8/bf16 kernels (from /proc/cpuinfo)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        return "unknown"
+    wanted = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8")
+    return " ".join(flag for flag in wanted if flag in flags) or "none of " + " ".join(wanted)
+
+
+def onnx_cuda_missing(device) -> str:
+    """Why the ONNX Runtime rows are skipped on ``device`` ('' when they run): without the CUDA
+    execution provider ORT falls back to the CPU silently and takes minutes at batch 1 000."""
+    import onnxruntime
+
+    if device == "cuda" and "CUDAExecutionProvider" not in onnxruntime.get_available_providers():
+        return (f"skipped: onnxruntime {onnxruntime.__version__} has no CUDAExecutionProvider "
+                f"(available: {', '.join(onnxruntime.get_available_providers())})")
+    return ""
+
+
+def onnx_runner(model, device, threads, precision="fp32"):
     import onnxruntime
 
     from mpilearn.calo.export import NAMES, export_onnx
 
     path = os.path.join(tempfile.mkdtemp(prefix="mpilearn-bench-"), "generator.onnx")
     export_onnx(model.cpu(), path)
+    if precision.startswith("int8"):  # "int8 dynamic" / "int8 static": as export --precision int8
+        from mpilearn.calo.precision import quantize_int8
+
+        latent = model.generator.dense.in_features - (2 if model.variant == "angle" else 0)
+        quantized = path[:-5] + ".int8.onnx"
+        quantize_int8(path, quantized, precision.split()[1], {"variant": model.variant}, latent)
+        path = quantized
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads = threads
     providers = (["CUDAExecutionProvider"] if device == "cuda" else []) + ["CPUExecutionProvider"]
     session = onnxruntime.InferenceSession(path, options, providers=providers)
     names = NAMES[model.variant]
     return lambda *inputs: session.run(None, {k: v.cpu().numpy() for k, v in zip(names, inputs)})
+
+
+def simulate_row(batch, min_seconds):
+    """mpilearn.simulate's rate on the same machine: a parametric stand-in (GFlash-style
+    longitudinal and radial profiles drawn with numpy), not Geant4, so the generator's ratio to
+    it is not the speed-up over a full Monte Carlo."""
+    import numpy as np
+
+    from mpilearn.calo.simulate import showers
+
+    rng = np.random.default_rng(0)
+
+    def run(n):
+        showers(rng.uniform(100, 200, n), np.deg2rad(rng.uniform(60, 120, n)), (51, 51, 25), rng)
+
+    rate, seconds, cpu = _rate(run, lambda n: (n,), batch, batch, min_seconds)
+    return {"device": "cpu", "runtime": "mpilearn.simulate (numpy, parametric, not Geant4)",
+            "precision": "n/a", "batch": batch, "threads": 1, "chunk": batch,
+            "showers_per_s": rate, "seconds": seconds, "cpu_bound_showers_per_s": rate * seconds / cpu}
 
 
 def main():
@@ -107,13 +157,19 @@ def main():
     def inputs_for(n):
         return tuple(x.to(a.device) for x in example_inputs(model, n))
 
-    rows = []
-    runtimes = [("torch", "fp32"), ("torch", "bf16"), ("onnxruntime", "fp32")]
+    rows, skipped = [], onnx_cuda_missing(a.device)
+    runtimes = [("torch", "fp32"), ("torch", "bf16"), ("onnxruntime", "fp32"),
+                ("onnxruntime", "int8 dynamic"), ("onnxruntime", "int8 static")]
     for runtime, precision in runtimes:
+        if runtime == "onnxruntime" and skipped:
+            rows.append({"device": a.device, "runtime": runtime, "precision": precision,
+                         "threads": a.threads, "skipped": skipped})
+            print(rows[-1], flush=True)
+            continue
         if runtime == "torch":
             fn = torch_runner(model.to(a.device), a.device, precision)
         else:
-            fn = onnx_runner(model, a.device, a.threads)
+            fn = onnx_runner(model, a.device, a.threads, precision)
             model.to(a.device)
         for batch in a.batches:
             row = {"device": a.device, "runtime": runtime, "precision": precision, "batch": batch,
@@ -127,8 +183,11 @@ def main():
             row["cpu_bound_showers_per_s"] = row["showers_per_s"] * row["seconds"] / cpu * a.threads
             rows.append(row)
             print(row, flush=True)
+    rows.append(simulate_row(a.batches[-1], a.min_seconds))
+    print(rows[-1], flush=True)
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     data = {"rows": rows, "weights": source, "targets": TARGETS, "load_average": load,
+            "instruction_set": instruction_set(), "torch_threads": torch.get_num_threads(),
             "command": " ".join(["python", "bench/generate.py", *sys.argv[1:]])}
     write(a.out, data, markdown(data))
 
@@ -137,22 +196,30 @@ def markdown(data):
     rows, targets = data["rows"], data["targets"]
     device = rows[0]["device"]
     ran = [r for r in rows if "showers_per_s" in r]
+    ran = [r for r in ran if not r["runtime"].startswith("mpilearn.simulate")]  # the generator's
     pool = [r for r in ran if device == "cpu" or r["precision"] == "bf16"]  # GPU target: bf16
     best = max(pool, key=lambda r: r["showers_per_s"]) if pool else None
     md = [f"`{data['command']}`: the full angle generator with its post-processing "
-          f"({data['weights']}), {rows[0]['threads']} threads; 1-minute load average "
+          f"({data['weights']}), {rows[0]['threads']} threads, CPU instruction set "
+          f"{data.get('instruction_set', 'not recorded')}; 1-minute load average "
           f"{data['load_average']:.1f} when it ended (a shared machine: other jobs ran beside "
           "it, so these are lower bounds; the last column, showers per CPU-second of this process "
           "times its threads, estimates the rate on an idle machine).", "",
           "| device | runtime | precision | batch | showers/s | ms/shower | showers per CPU-second x threads |",
           "|---|---|---|---|---|---|---|"]
     for r in rows:
+        if "skipped" in r:
+            md.append(f"| {r['device']} | {r['runtime']} | {r['precision']} | | {r['skipped']} | | |")
+            continue
         chunks = f" (in calls of {r['chunk']})" if r["chunk"] < r["batch"] else ""
         md.append(f"| {r['device']} | {r['runtime']} | {r['precision']} | {r['batch']}{chunks} | "
                   f"{r['showers_per_s']:.1f} | {1000 / r['showers_per_s']:.1f} | "
                   f"{r['cpu_bound_showers_per_s']:.1f} |")
     if device == "cpu":
         md.append("| cuda (one H100) | torch | bf16 | 10000 | not run (no GPU in this session) | | |")
+    md += ["", "mpilearn.simulate is a parametric stand-in (GFlash-style profiles drawn with numpy), "
+           "not Geant4: the generator's rate beside it is not its speed-up over a full Monte Carlo.",
+           ""] if any(r["runtime"].startswith("mpilearn.simulate") for r in rows) else []
     if best:
         verdict = "met" if best["showers_per_s"] >= targets[device] else "missed"
         idle = max(pool, key=lambda r: r["cpu_bound_showers_per_s"])

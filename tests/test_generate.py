@@ -163,6 +163,8 @@ def test_export_onnx_matches_pytorch_at_two_batch_sizes(tiny_run, tmp_path):
     proc = mpirun(1, ["-m", "mpilearn.export", str(tiny_run), "--output", str(tmp_path / "x")])
     assert proc.returncode == 0, proc.stderr
     assert "max |difference|" in proc.stdout
+    # a clean export: none of the exporters' messages a user cannot act on (issue 47)
+    assert "torchvision" not in proc.stderr and "Warning" not in proc.stderr, proc.stderr
     # what the model is valid for, in the ONNX file and beside it
     import onnx
 
@@ -186,6 +188,69 @@ def test_export_onnx_matches_pytorch_at_two_batch_sizes(tiny_run, tmp_path):
         inputs = example_inputs(model, n)
         with torch.inference_mode():
             torch.testing.assert_close(program(*inputs), model(*inputs))
+
+
+def test_int8_export_passes_its_physics_gate_or_is_refused_and_a_broken_scale_is_refused(
+        tiny_run, tmp_path):
+    proc = mpirun(1, ["-m", "mpilearn.export", str(tiny_run), "--output", str(tmp_path / "x"),
+                      "--no-check", "--precision", "int8", "--gate-events", "32"])
+    int8 = tmp_path / "x" / "generator.int8.onnx"
+    assert proc.returncode in (0, 2), proc.stderr
+    # either way the numbers are named: each metric's move and the fp32 seed-to-seed spread
+    text = proc.stdout + proc.stderr
+    assert "sampling_fraction_mre moved" in text and "seed-to-seed spread" in text, text
+    import onnx
+
+    from mpilearn.calo import precision
+
+    if proc.returncode == 0:
+        props = {p.key: p.value for p in onnx.load(str(int8)).metadata_props}
+        assert props["quantization"] == "dynamic" and json.loads(props["physics_gate"])["passed"]
+    else:
+        assert not int8.exists() and "refused" in proc.stderr
+    # a deliberately broken quantisation: one layer's weight scale 30x too large
+    fp32 = str(tmp_path / "x" / "generator.onnx")
+    meta = {p.key: p.value for p in onnx.load(fp32).metadata_props}
+    latent = 254 if meta["variant"] == "angle" else 200
+    broken = str(tmp_path / "broken.onnx")
+    precision.quantize_int8(fp32, broken, "dynamic", meta, latent)
+    graph = onnx.load(broken)
+    scale = next(t for t in graph.graph.initializer  # a convolution's (not the dense layer's)
+                 if t.name.endswith("weight_scale") and ".dense." not in t.name)
+    values = onnx.numpy_helper.to_array(scale) * 30
+    scale.CopyFrom(onnx.numpy_helper.from_array(values.astype(np.float32), scale.name))
+    onnx.save(graph, broken)
+    result = precision.gate(fp32, broken, meta, latent, events=32)
+    assert not result["passed"], precision.describe(result)
+
+
+def test_generate_runs_the_exported_file_alike_at_one_and_two_ranks(tiny_run, tmp_path):
+    proc = mpirun(1, ["-m", "mpilearn.export", str(tiny_run), "--output", str(tmp_path / "x"),
+                      "--no-check"])
+    assert proc.returncode == 0, proc.stderr
+    args = ("--events", "10", "--batch-size", "3", "--seed", "5", "--energy", "120", "180")
+    onnx_file = tmp_path / "x" / "generator.onnx"
+    runs = {"torch": generate(1, tiny_run, tmp_path / "torch.h5", *args)}
+    for ranks in (1, 2):
+        runs[ranks] = mpirun(ranks, ["-m", "mpilearn.generate", str(onnx_file), "--runtime", "onnx",
+                                     "--output", str(tmp_path / f"onnx{ranks}.h5"), "--no-progress",
+                                     *args])
+    assert all(p.returncode == 0 for p in runs.values()), [p.stderr for p in runs.values()]
+    with h5py.File(tmp_path / "torch.h5") as t, h5py.File(tmp_path / "onnx1.h5") as one, \
+            h5py.File(tmp_path / "onnx2.h5") as two:
+        assert one.attrs["runtime"] == "onnx" and one.attrs["onnx_file"] == str(onnx_file)
+        for key in one:  # the same file at 1 and 2 ranks
+            np.testing.assert_array_equal(one[key][()], two[key][()])
+        ecal, ref = one["ECAL"][()], t["ECAL"][()]
+        np.testing.assert_array_equal(one["energy"][()], t["energy"][()])
+        peak = ref.reshape(len(ref), -1).max(1)
+        worst = (np.abs(ecal - ref).reshape(len(ref), -1).max(1) / peak).max()
+        from mpilearn.calo.export import TOLERANCE
+
+        assert worst <= TOLERANCE, worst  # the torch path's showers to the file's precision
+    bad = mpirun(1, ["-m", "mpilearn.generate", str(tiny_run), "--runtime", "onnx",
+                     "--output", str(tmp_path / "bad.h5"), "--events", "2"])
+    assert bad.returncode == 2 and "is not a file" in bad.stderr, bad.stderr
 
 
 def test_the_full_generator_exports_to_onnx(tmp_path):

@@ -22,8 +22,11 @@ file's ``metadata_props`` (every value a string; nested ones as JSON) and as
 from __future__ import annotations
 
 import argparse
+import contextlib
+import logging
 import os
 import sys
+import warnings
 
 import numpy as np
 
@@ -54,13 +57,43 @@ def _dynamic(model):
     return {name: {0: batch} for name in NAMES[model.variant]}
 
 
+class _DropMessage(logging.Filter):
+    def __init__(self, text: str):
+        super().__init__()
+        self.text = text
+
+    def filter(self, record) -> bool:
+        return self.text not in record.getMessage()
+
+
+@contextlib.contextmanager
+def quiet_export():
+    """Silences, during one export only, the exporters' messages a user cannot act on: the
+    registry's "torchvision is not installed" (torchvision ops are not in the generator), torch's
+    own LeafSpec deprecation and "the axis name: batch will not be used" (every input shares the
+    one batch dimension on purpose). Anything else still shows."""
+    registry = logging.getLogger("torch.onnx._internal.exporter._registration")
+    drop = _DropMessage("torchvision is not installed")
+    registry.addFilter(drop)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)",
+                                    category=FutureWarning)
+            warnings.filterwarnings("ignore", message=r".*axis name: batch will not be used",
+                                    category=UserWarning)
+            yield
+    finally:
+        registry.removeFilter(drop)
+
+
 def export_program(model, path: str) -> None:
     """``torch.export`` with a dynamic batch, saved with ``torch.export.save``."""
     import torch
 
     from ..core.io import atomic_write_bytes
 
-    program = torch.export.export(model, example_inputs(model, 3), dynamic_shapes=_dynamic(model))
+    with quiet_export():
+        program = torch.export.export(model, example_inputs(model, 3), dynamic_shapes=_dynamic(model))
     atomic_write_bytes(path, lambda f: torch.export.save(program, f))
 
 
@@ -69,9 +102,10 @@ def export_onnx(model, path: str) -> None:
     import torch
 
     tmp = path + ".tmp.onnx"
-    program = torch.onnx.export(model, example_inputs(model, 3), dynamo=True, verbose=False,
-                                dynamic_shapes=_dynamic(model), input_names=NAMES[model.variant],
-                                output_names=["cells_gev"])
+    with quiet_export():
+        program = torch.onnx.export(model, example_inputs(model, 3), dynamo=True, verbose=False,
+                                    dynamic_shapes=_dynamic(model), input_names=NAMES[model.variant],
+                                    output_names=["cells_gev"])
     program.save(tmp)
     os.replace(tmp, path)
 
@@ -143,6 +177,15 @@ def main(argv=None) -> int:
     p.add_argument("--overwrite", action="store_true", help="replace files already there")
     p.add_argument("--no-check", dest="check", action="store_false",
                    help="skip the ONNX Runtime comparison")
+    p.add_argument("--precision", choices=("fp32", "int8"), default="fp32",
+                   help="int8: also write generator.int8.onnx (ONNX Runtime quantisation), "
+                   "written only if its physics gate passes (see mpilearn.calo.precision)")
+    p.add_argument("--int8-mode", choices=("dynamic", "static"), default="dynamic",
+                   help="dynamic: int8 weights, activation scales per call (default: the faster "
+                   "on a CPU at batch 1); static: QDQ calibrated on the training ranges")
+    p.add_argument("--force", action="store_true",
+                   help="write a variant that fails its physics gate (with a warning)")
+    p.add_argument("--gate-events", type=int, default=64, help="showers per physics gate sample")
     args = p.parse_args(argv)
     from .runs import load_task, resolve_checkpoint, run_config, shower_model
 
@@ -175,6 +218,34 @@ def main(argv=None) -> int:
               f"shower's largest cell (tolerance {TOLERANCE:g})")
         if worst > TOLERANCE:
             return 1
+    if args.precision != "fp32":
+        meta = metadata(run, checkpoint, epoch, task.variant)
+        return write_variant(paths["onnx"], os.path.join(output, f"generator.{args.precision}.onnx"),
+                             args, meta, model.generator.dense.in_features
+                             - (2 if task.variant == "angle" else 0))
+    return 0
+
+
+def write_variant(fp32_path: str, path: str, args, meta: dict, latent: int) -> int:
+    """The int8 variant of ``fp32_path`` at ``path``, kept only if its physics gate passes
+    (or with --force): 0 written, 2 refused."""
+    from . import precision
+
+    settings = precision.quantize_int8(fp32_path, path, args.int8_mode, meta, latent)
+    result = precision.gate(fp32_path, path, meta, latent, events=args.gate_events)
+    numbers = precision.describe(result)
+    if not result["passed"] and not args.force:
+        os.remove(path)
+        print(f"export: refused {path}: its physics moved by more than the fp32 generator's own "
+              f"seed-to-seed spread: {numbers} (give --force to write it anyway)", file=sys.stderr)
+        return 2
+    if not result["passed"]:
+        print(f"export: warning: writing {path} with --force although its physics gate failed: "
+              f"{numbers}", file=sys.stderr)
+    write_metadata(path, path[:-len(".onnx")] + ".json",
+                   {**meta, **settings, "physics_gate": result, "fp32_file": os.path.basename(fp32_path)})
+    print(f"{settings['precision']} ({settings['quantization']}): {path}; physics gate "
+          f"{'passed' if result['passed'] else 'FAILED'}: {numbers}")
     return 0
 
 

@@ -124,6 +124,9 @@ def prepare(args):
 
     if not (args.run or args.checkpoint):
         raise UsageError("give a run directory or --checkpoint")
+    if args.runtime == "onnx":
+        args.onnx_file, args.run = args.run, None
+        args.checkpoint = args.checkpoint or onnx_checkpoint(args.onnx_file)
     if args.events is not None and args.events < 1:
         raise UsageError(f"--events {args.events}: must be at least 1")
     if args.batch_size < 1:
@@ -150,6 +153,34 @@ def prepare(args):
                      args.extrapolate, f"run {run}")
     return SimpleNamespace(checkpoint=checkpoint, config=config, energy=energy, angle=angle,
                            ranges=trained, run=run)
+
+
+def onnx_checkpoint(path) -> str:
+    """The checkpoint an exported file was made from (its metadata): the run's conditions,
+    ranges and noise come from there, the showers from the file."""
+    import onnx
+
+    if not path or not os.path.isfile(path):
+        raise UsageError(f"--runtime onnx: {path} is not a file (give the exported .onnx file)")
+    try:
+        props = {p.key: p.value for p in onnx.load(path, load_external_data=False).metadata_props}
+    except Exception as err:
+        raise UsageError(f"--runtime onnx: {path} is not an ONNX file ({err})") from None
+    if not props.get("checkpoint"):
+        raise UsageError(f"--runtime onnx: {path} has no 'checkpoint' in its metadata "
+                         "(export it with python -m mpilearn.export, or give --checkpoint)")
+    return props["checkpoint"]
+
+
+def onnx_model(path: str, variant: str):
+    """A callable like ``ShowerModel`` on numpy arrays, running ``path`` in ONNX Runtime (CPU)."""
+    from .export import NAMES
+    from .precision import session
+
+    sess = session(path)
+    names = NAMES[variant]
+    return lambda *inputs: sess.run(None, {k: np.asarray(v, np.float32)
+                                           for k, v in zip(names, inputs)})[0]
 
 
 def plan_conditions(args, plan, task):
@@ -179,8 +210,10 @@ def produce(task, plan, table, args, comm, write=None):
     rank, size = comm.Get_rank(), comm.Get_size()
     n = len(table[0]) if table is not None else args.events
     batches = math.ceil(n / args.batch_size)
-    model = None
-    if not is_keras(task):  # PyTorch: the exported module, on the device
+    model = onnx = None
+    if getattr(args, "runtime", "torch") == "onnx":
+        onnx = onnx_model(args.onnx_file, task.variant)
+    elif not is_keras(task):  # PyTorch: the exported module, on the device
         model = shower_model(task).to(args.device)
     autocast = torch.autocast(args.device.split(":")[0], dtype=torch.bfloat16,
                               enabled=args.precision == "bf16")
@@ -199,7 +232,10 @@ def produce(task, plan, table, args, comm, write=None):
             e, a = drawn_conditions(plan.energy, plan.angle if task.variant == "angle" else None,
                                     args.seed, index)
         cells = None
-        if len(index) and model is not None:
+        if len(index) and onnx is not None:
+            cells = onnx(task.generation_noise(index), e / 100.0,
+                         *(() if a is None else (a,)))
+        elif len(index) and model is not None:
             t = lambda x: torch.as_tensor(np.asarray(x, np.float32), device=args.device)  # noqa: E731
             with torch.inference_mode(), autocast:
                 cells = model(t(task.generation_noise(index)), t(e / 100.0),
@@ -275,6 +311,10 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0, help="noise and drawn conditions (default 0)")
     p.add_argument("--batch-size", type=int, default=100)
     p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
+    p.add_argument("--runtime", choices=("torch", "onnx"), default="torch",
+                   help="onnx: the positional argument is an exported file (python -m "
+                   "mpilearn.export; int8 included), run in ONNX Runtime on the CPU; its run "
+                   "(conditions, ranges, noise) from the file's metadata")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda where there is one)")
     p.add_argument("--compression", choices=("gzip", "none"), default="gzip",
                    help="ECAL's compression (gzip level 1, as the simulated files; none: "
@@ -298,7 +338,9 @@ def main(argv=None) -> int:
         args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
         if args.device == "cuda" and torch.cuda.is_available():
             args.device = f"cuda:{ctx.local_rank % torch.cuda.device_count()}"
+        onnx_file = args.run if args.runtime == "onnx" else None
         plan = ctx.comm.bcast(check_on_root(ctx.comm, prepare, args), root=0)
+        args.onnx_file, args.run = onnx_file, None if onnx_file else args.run
         from ..core import runlock
 
         runlock.hold(ctx.comm, args.output, args.force_unlock, single_file=True)  # one writer
@@ -319,7 +361,9 @@ def main(argv=None) -> int:
                 n = len(table[0]) if table is not None else args.events
                 with h5py.File(f, "w") as h5:
                     h5.attrs.update({"checkpoint": plan.checkpoint, "seed": args.seed,
-                                     "precision": args.precision})
+                                     "precision": args.precision, "runtime": args.runtime})
+                    if args.onnx_file:
+                        h5.attrs["onnx_file"] = os.path.abspath(args.onnx_file)
                     writer = _Writer(h5, task, n, args.compression == "gzip")
                     produce(task, plan, table, args, ctx.comm, writer)
 
