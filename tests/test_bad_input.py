@@ -43,7 +43,7 @@ CASES = [
     (["--set", "hparams.optimizer=adamw"],
      "hparams.optimizer is 'adamw': not one of 'adam', 'sgd'; did you mean 'adam'?", MLP),
     (["--set", "hparams.layers=1.5"], "hparams.layers is 1.5: must be an integer in [0, inf)", MLP),
-    (["--set", "hparams.preset=smal"], "hparams.preset is 'smal': not one of 'full', 'small'; "
+    (["--set", "hparams.preset=smal"], "hparams.preset is 'smal': not one of 'full', 'small', 'smooth'; "
      "did you mean 'small'?", f"{REPO}/models/gan3d.py"),
     ([], "build(hparams) returned dict, expected a task", f"{TESTS}/models/wrong_type.py"),
     (["--set", "hparams.features=10"], "the data do not fit the model: a batch of", MLP),

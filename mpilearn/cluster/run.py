@@ -291,6 +291,12 @@ def honest_status(rc: int, aborted: List[Tuple[int, int]]) -> int:
     return rc
 
 
+READY_WAIT = 10.0  # seconds a stop signal waits for ranks not yet seen listening
+# seconds the launcher may go on after a rank recorded an abort: Open MPI 5 with --with-ft ulfm
+# was seen to hang for good once every rank had called MPI_Abort (and to ignore SIGTERM)
+ABORT_GRACE = float(os.environ.get("MPILEARN_ABORT_GRACE", "10"))
+
+
 def launch(cmd: List[str], open_mpi: bool, ranks: int = 1, aborted: Optional[list] = None) -> int:
     """Runs the launcher; SIGINT/SIGTERM/SIGHUP to this process (Ctrl-C, ``kill``) reach
     the ranks as a SIGUSR1, which every launcher forwards and none turns into a kill (Open MPI's
