@@ -162,10 +162,10 @@ def run(args, make_config, after=None) -> int:
         status = exit_status(err, ctx.rank)
         if launches is not None:
             launches.write(status)
-        return preempt.leave(status)
+        return mcomm.leaving(preempt.leave(status))
     launches.write(0)
     # finished: a stop signal from here on (its exit takes seconds) has nothing to stop
-    return preempt.leave(0)
+    return mcomm.leaving(preempt.leave(0))
 
 
 if __name__ == "__main__":
