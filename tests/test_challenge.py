@@ -96,3 +96,17 @@ def test_one_name_everywhere_and_a_short_line():
     assert line == ("score 0.4123 (3.2x floor), sampling_fraction_mre 0.05 (2x floor), "
                     "fpd 0.012 (12.5x floor), kpd 0.001")
     assert short_line(result) == line
+
+
+def test_a_kpd_below_zero_gives_a_ratio_of_sizes_never_a_negative_one():
+    floor = {"kpd": 0.002, "kpd_error": 0.001, "fpd": -0.0, "fpd_error": 0.004, "score": 0.1}
+    # KPD's unbiased estimate below 0: its error over the floor's size
+    assert physics.floor_ratio("kpd", {"kpd": -0.003, "kpd_error": 0.004}, floor) == \
+        pytest.approx(2.0)
+    assert physics.floor_ratio("kpd", {"kpd": 0.01, "kpd_error": 0.001}, floor) == \
+        pytest.approx(5.0)
+    # a floor of 0 within its error: the error is the scale
+    assert physics.floor_ratio("fpd", {"fpd": 0.02, "fpd_error": 0.001}, floor) == \
+        pytest.approx(5.0)
+    assert physics.floor_ratio("score", {"score": 0.3}, floor) == pytest.approx(3.0)
+    assert physics.floor_ratio("kpd", {"kpd": None}, floor) is None

@@ -37,8 +37,8 @@ ENERGY_BINS = 4
 # JSON, the epoch records, monitors and HPO objectives), with _floor, _ratio and _error
 FLOORED = ("score", "reference_metric_filled", "sampling_fraction_mre", "fpd", "kpd",
            "separation_power", "auc_high")
-# the distances whose MC-vs-MC value can be 0 within its error: their ratio is taken to the
-# floor's size or its error, whichever is larger
+# the distances whose value can be 0 (KPD: below 0) within its error: their ratio is taken
+# between sizes or errors, whichever is larger, so it is never negative
 RATIO_TO_ERROR = ("fpd", "kpd")
 
 
@@ -200,6 +200,17 @@ def pair_by_conditions(a: Dict[str, np.ndarray], b: Dict[str, np.ndarray]):
     return first, second
 
 
+def floor_ratio(name: str, result: dict, floor: dict) -> Optional[float]:
+    """``result[name]`` over ``floor[name]``; for ``RATIO_TO_ERROR`` each side is its size or
+    its error, whichever is larger (KPD's unbiased estimate can be below 0: the ratio is not)."""
+    value, base = result.get(name), floor.get(name)
+    if name in RATIO_TO_ERROR and value is not None and base is not None:
+        value = max(abs(value), result.get(f"{name}_error") or 0.0)
+        base = max(abs(base), floor.get(f"{name}_error") or 0.0)
+    ok = value is not None and base is not None and np.isfinite(base) and base > 0
+    return float(value / base) if ok else None
+
+
 def with_floor(result: dict, mc: Dict[str, np.ndarray], mc_other: Dict[str, np.ndarray],
                with_angle: bool = True, classifier: bool = False, seeds: int = 5):
     """``result`` (``score(mc, gan)``) with each ``FLOORED`` number's ``_floor`` (``mc``
@@ -211,15 +222,10 @@ def with_floor(result: dict, mc: Dict[str, np.ndarray], mc_other: Dict[str, np.n
     first, second = pair_by_conditions(mc, mc_other)
     floor = score(first, second, with_angle, classifier, seeds)
     for name in FLOORED:
-        value, base = result.get(name), floor.get(name)
-        result[f"{name}_floor"] = base
-        if name in RATIO_TO_ERROR and base is not None:
-            base = max(abs(base), floor.get(f"{name}_error") or 0.0)
+        result[f"{name}_floor"] = floor.get(name)
+        if name in RATIO_TO_ERROR or name == "auc_high":
             result[f"{name}_floor_error"] = floor.get(f"{name}_error")
-        if name == "auc_high" and base is not None:
-            result[f"{name}_floor_error"] = floor.get(f"{name}_error")
-        ok = value is not None and base is not None and np.isfinite(base) and base > 0
-        result[f"{name}_ratio"] = float(value / base) if ok else None
+        result[f"{name}_ratio"] = floor_ratio(name, result, floor)
     if "separation_power_features" in floor:   # each feature's value beside its floor
         result["separation_power_features"] = {
             k: {"value": v, "floor": floor["separation_power_features"][k]}
