@@ -82,9 +82,10 @@ def test_prices_are_per_device_kind_and_make_sense(tmp_path):
     assert price_from_site(3.0) == Price(gpu_hour=3.0)  # the old number: GPU-hours only
     assert Price(gpu_hour=3.0).money({"cpu": 1.0}) is None  # no price for CPU ranks
     assert Price(2.0, 0.5).money({"gpu": 1.0, "cpu": 2.0}) == pytest.approx(3.0)
-    for bad, message in [({"gpu_hour": -1}, "price.gpu_hour must be 0 or more"),
-                         ({"cpu_hours": 1}, "unknown key(s) cpu_hours (did you mean 'cpu_hour'?)"),
-                         ({"gpu_hour": "2"}, "price.gpu_hour is '2': give a number")]:
+    for bad, message in [({"gpu_hour": -1, "currency": "USD"}, "'price.gpu_hour' must be 0 or more"),
+                         ({"cpu_hours": 1}, "did you mean 'price.cpu_hour'?"),
+                         ({"gpu_hour": "2"}, "'price.gpu_hour' must be a number, got '2'"),
+                         ({"gpu_hour": 2}, "'price.currency' is missing")]:
         with pytest.raises(UsageError, match=re.escape(message)):
             price_from_site(bad)
     run = tmp_path / "run"

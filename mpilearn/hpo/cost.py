@@ -23,7 +23,6 @@ from dataclasses import asdict, dataclass
 from typing import Dict, List, Optional
 
 from ..core.io import read_jsonl
-from ..errors import UsageError
 
 KINDS = ("gpu", "cpu")
 UNITS = {"gpu": "GPU-hours", "cpu": "CPU-rank-hours"}
@@ -58,40 +57,16 @@ class Price:
                          else f"no price for {UNITS[k]}" for k in KINDS if k in kinds)
 
 
-def price_from_site(value) -> Optional[Price]:
-    """The site profile's ``price`` (the one place that reads it): ``{gpu_hour: 2.5,
-    cpu_hour: 0.05, currency: USD}``, any part left out. A bare number (the older form, "per
-    device-hour") prices GPU-hours only, so that CPU ranks are never charged the GPU rate.
-    None or 0: no price."""
-    if value is None or value == 0 or value == {}:
+def price_from_site(value, source: str = "site") -> Optional[Price]:
+    """The site profile's ``price`` (``{gpu_hour: 2.5, cpu_hour: 0.05, currency: USD}``, checked
+    by ``cluster/price.parse``, which names ``source`` in its errors) as a Price; None when
+    nothing is priced. A bare number (the older form) prices GPU-hours only."""
+    from ..cluster import price
+
+    if value is None or value == {}:
         return None
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return check_price(Price(gpu_hour=float(value)))
-    if not isinstance(value, dict):
-        raise UsageError(f"site: 'price' is {value!r}; give {{gpu_hour: 2.5, cpu_hour: 0.05, "
-                         "currency: USD}}")
-    unknown = sorted(set(value) - {"gpu_hour", "cpu_hour", "currency"})
-    if unknown:
-        from ..train.checks import did_you_mean
-
-        raise UsageError("site: price: unknown key(s) " + ", ".join(
-            u + did_you_mean(u, ("gpu_hour", "cpu_hour", "currency")) for u in map(str, unknown))
-            + "; price has gpu_hour, cpu_hour and currency")
-    for key in ("gpu_hour", "cpu_hour"):
-        v = value.get(key, 0.0)
-        if isinstance(v, bool) or not isinstance(v, (int, float)):
-            raise UsageError(f"site: price.{key} is {v!r}: give a number (per hour)")
-    if not isinstance(value.get("currency", ""), str):
-        raise UsageError(f"site: price.currency is {value['currency']!r}: give a name, e.g. USD")
-    return check_price(Price(float(value.get("gpu_hour", 0.0)), float(value.get("cpu_hour", 0.0)),
-                             value.get("currency", "")))
-
-
-def check_price(price: Price) -> Optional[Price]:
-    for key in ("gpu_hour", "cpu_hour"):
-        if getattr(price, key) < 0:
-            raise UsageError(f"price.{key} must be 0 or more, got {getattr(price, key):g}")
-    return price if price.gpu_hour or price.cpu_hour else None
+    found = Price(**price.parse(value, source))
+    return found if found.gpu_hour or found.cpu_hour else None
 
 
 # -- a training run ----------------------------------------------------------------------

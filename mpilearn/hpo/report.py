@@ -33,7 +33,6 @@ import json
 import os
 import sys
 from collections import Counter
-from dataclasses import asdict
 
 import numpy as np
 
@@ -223,15 +222,12 @@ def _price(args):
 
         if not os.path.isfile(args.site):
             raise UsageError(f"--site {args.site}: no such file")
-        # the site profile's checked price ({gpu_hour, cpu_hour, currency}: cluster/price.py)
-        found = cost.price_from_site(load_site(args.site, {})["price"])
-        site = asdict(found) if found else {}
+        site = load_site(args.site, {})["price"]  # checked there (cluster/price.py)
     given = {"gpu_hour": args.gpu_hour, "cpu_hour": args.cpu_hour, "currency": args.currency}
-    for key in ("gpu_hour", "cpu_hour"):
-        if given[key] is not None and given[key] < 0:
-            raise UsageError(f"--{key.replace('_', '-')} must be 0 or more, got {given[key]:g}")
-    merged = {**site, **{k: v for k, v in given.items() if v is not None}}
-    return cost.price_from_site(merged) if merged else None
+    given = {k: v for k, v in given.items() if v is not None}
+    if not given:
+        return cost.price_from_site(site, args.site)
+    return cost.price_from_site({**site, **given}, "command line")
 
 
 def _search_config(run_dir: str) -> dict:
