@@ -224,6 +224,38 @@ def test_int8_export_passes_its_physics_gate_or_is_refused_and_a_broken_scale_is
     assert not result["passed"], precision.describe(result)
 
 
+def test_bf16_export_is_a_gated_program_equal_to_bf16_generation_and_never_overwritten(
+        tiny_run, tmp_path):
+    out = tmp_path / "x"
+    argv = ["-m", "mpilearn.export", str(tiny_run), "--output", str(out), "--no-check",
+            "--precision", "bf16", "--gate-events", "32"]
+    proc = mpirun(1, argv)
+    assert proc.returncode in (0, 2), proc.stderr
+    text = proc.stdout + proc.stderr
+    assert "fpd moved" in text and "seed-to-seed spread" in text, text
+    bf16 = out / "generator.bf16.pt2"
+    if proc.returncode == 2:
+        assert not bf16.exists() and "refused" in proc.stderr
+        return
+    record = json.load(open(out / "generator.bf16.json"))
+    assert record["precision"] == "bf16" and record["physics_gate"]["passed"]
+    from mpilearn.calo.export import example_inputs
+    from mpilearn.calo.runs import load_task, resolve_checkpoint, run_config, shower_model
+
+    checkpoint = resolve_checkpoint(str(tiny_run))
+    model = shower_model(load_task(checkpoint, run_config(checkpoint))[0])
+    program = torch.export.load(str(bf16)).module()
+    inputs = example_inputs(model, 5)
+    with torch.inference_mode():
+        with torch.autocast("cpu", dtype=torch.bfloat16):  # what generate --precision bf16 runs
+            expected = model(*inputs).float()
+        got = program(*inputs)
+        torch.testing.assert_close(got, expected)
+        assert (got - model(*inputs)).abs().max() > 0  # bf16, not fp32
+    again = mpirun(1, argv)  # the variant already there is not replaced without --overwrite
+    assert again.returncode == 2 and "exists (give --overwrite" in again.stderr, again.stderr
+
+
 def test_generate_runs_the_exported_file_alike_at_one_and_two_ranks(tiny_run, tmp_path):
     proc = mpirun(1, ["-m", "mpilearn.export", str(tiny_run), "--output", str(tmp_path / "x"),
                       "--no-check"])

@@ -43,8 +43,7 @@ def example_inputs(model, n: int, seed: int = 0) -> tuple:
     import torch
 
     g = torch.Generator().manual_seed(seed)
-    latent = model.generator.dense.in_features - (2 if model.variant == "angle" else 0)
-    out = [torch.randn(n, latent, generator=g), 0.1 + 4.9 * torch.rand(n, generator=g)]
+    out = [torch.randn(n, latent(model), generator=g), 0.1 + 4.9 * torch.rand(n, generator=g)]
     if model.variant == "angle":
         out.append(torch.deg2rad(60 + 60 * torch.rand(n, generator=g)))
     return tuple(out)
@@ -177,9 +176,11 @@ def main(argv=None) -> int:
     p.add_argument("--overwrite", action="store_true", help="replace files already there")
     p.add_argument("--no-check", dest="check", action="store_false",
                    help="skip the ONNX Runtime comparison")
-    p.add_argument("--precision", choices=("fp32", "int8"), default="fp32",
-                   help="int8: also write generator.int8.onnx (ONNX Runtime quantisation), "
-                   "written only if its physics gate passes (see mpilearn.calo.precision)")
+    p.add_argument("--precision", choices=("fp32", "bf16", "int8"), default="fp32",
+                   help="int8: also write generator.int8.onnx (ONNX Runtime quantisation, for "
+                   "CPUs); bf16: also write generator.bf16.pt2 (a torch.export program under "
+                   "bf16 autocast, for GPUs and bf16 CPUs); each written only if its physics "
+                   "gate passes (see mpilearn.calo.precision)")
     p.add_argument("--int8-mode", choices=("dynamic", "static"), default="dynamic",
                    help="dynamic: int8 weights, activation scales per call (default: the faster "
                    "on a CPU at batch 1); static: QDQ calibrated on the training ranges")
@@ -197,7 +198,10 @@ def main(argv=None) -> int:
         run = os.path.dirname(os.path.dirname(checkpoint))
         output = args.output or os.path.join(run, "export")
         paths = {kind: os.path.join(output, f"generator.{kind}") for kind in ("onnx", "pt2", "json")}
-        there = [path for path in paths.values() if os.path.exists(path)]
+        variant = {"fp32": [], "int8": ["generator.int8.onnx", "generator.int8.json"],
+                   "bf16": ["generator.bf16.pt2", "generator.bf16.json"]}[args.precision]
+        there = [path for path in [*paths.values(), *(os.path.join(output, v) for v in variant)]
+                 if os.path.exists(path)]
         if there and not args.overwrite:
             raise UsageError(f"{there[0]} exists (give --overwrite to replace it)")
         if os.path.isfile(output):
@@ -220,19 +224,41 @@ def main(argv=None) -> int:
             return 1
     if args.precision != "fp32":
         meta = metadata(run, checkpoint, epoch, task.variant)
-        return write_variant(paths["onnx"], os.path.join(output, f"generator.{args.precision}.onnx"),
-                             args, meta, model.generator.dense.in_features
-                             - (2 if task.variant == "angle" else 0))
+        return write_variant(paths["onnx"], args, meta, model, output)
     return 0
 
 
-def write_variant(fp32_path: str, path: str, args, meta: dict, latent: int) -> int:
-    """The int8 variant of ``fp32_path`` at ``path``, kept only if its physics gate passes
-    (or with --force): 0 written, 2 refused."""
+def make_variant(model, fp32_path: str, output: str, args, meta: dict) -> tuple:
+    """(path, settings) of the ``args.precision`` variant of ``model`` (fp32 in ``fp32_path``)."""
+    from . import precision
+    from .runs import ShowerModel
+
+    if args.precision == "int8":
+        path = os.path.join(output, "generator.int8.onnx")
+        return path, precision.quantize_int8(fp32_path, path, args.int8_mode, meta, latent(model))
+    path = os.path.join(output, "generator.bf16.pt2")
+    export_program(ShowerModel(model.generator, model.variant, bf16=True), path)
+    return path, {"precision": "bf16", "quantization": "bf16 autocast",
+                  "weights": "fp32, cast to bf16 per layer", "activations": "bf16 in the "
+                  "generator's layers, fp32 post-processing", "runtime": "torch.export "
+                  "(torch.export.load(path).module())"}
+
+
+def latent(model) -> int:
+    return model.generator.dense.in_features - (2 if model.variant == "angle" else 0)
+
+
+def write_variant(fp32_path: str, args, meta: dict, model, output: str) -> int:
+    """The ``args.precision`` variant of the generator in ``output``, kept only if its physics
+    gate passes (or with --force): 0 written, 2 refused. Its settings and gate go into its
+    metadata (``generator.<precision>.json``; for ONNX also the file's metadata_props)."""
+    import json
+
+    from ..core.io import atomic_write_text
     from . import precision
 
-    settings = precision.quantize_int8(fp32_path, path, args.int8_mode, meta, latent)
-    result = precision.gate(fp32_path, path, meta, latent, events=args.gate_events)
+    path, settings = make_variant(model, fp32_path, output, args, meta)
+    result = precision.gate(fp32_path, path, meta, latent(model), events=args.gate_events)
     numbers = precision.describe(result)
     if not result["passed"] and not args.force:
         os.remove(path)
@@ -242,8 +268,12 @@ def write_variant(fp32_path: str, path: str, args, meta: dict, latent: int) -> i
     if not result["passed"]:
         print(f"export: warning: writing {path} with --force although its physics gate failed: "
               f"{numbers}", file=sys.stderr)
-    write_metadata(path, path[:-len(".onnx")] + ".json",
-                   {**meta, **settings, "physics_gate": result, "fp32_file": os.path.basename(fp32_path)})
+    record = {**meta, **settings, "physics_gate": result, "fp32_file": os.path.basename(fp32_path)}
+    json_path = os.path.splitext(path)[0] + ".json"
+    if path.endswith(".onnx"):
+        write_metadata(path, json_path, record)
+    else:
+        atomic_write_text(json_path, json.dumps(record, indent=1))
     print(f"{settings['precision']} ({settings['quantization']}): {path}; physics gate "
           f"{'passed' if result['passed'] else 'FAILED'}: {numbers}")
     return 0

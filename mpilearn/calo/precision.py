@@ -1,12 +1,13 @@
-"""Faster variants of an exported generator (int8 through ONNX Runtime's quantisation tools) and
-the physics gate each must pass before it is written.
+"""Faster variants of an exported generator (int8 through ONNX Runtime's quantisation tools; bf16
+as a ``torch.export`` program whose layers run under bf16 autocast) and the physics gate each
+must pass before it is written.
 
 The gate: the fp32 file and the variant make showers for the same conditions and the same noise
 (seed B); the fp32 file makes a second set with other noise (seed A). Each metric of
 ``GATE_METRICS`` between fp32(B) and variant(B) is what the variant moved; the same metric between
 fp32(A) and fp32(B) is the fp32 generator's own seed-to-seed spread. A variant passes when every
-number it moved is at most that spread. A new metric joins the gate as one line in ``GATE_METRICS``
-(a name and a function of two ``physics.features`` dicts returning a number).
+number it moved is at most that spread. A metric that is not finite for the fp32 spread either
+(the reference metric on showers too far off for its fit) is reported and not gated.
 """
 from __future__ import annotations
 
@@ -18,16 +19,9 @@ import numpy as np
 from . import physics
 
 
-def _score(name: str) -> Callable[[dict, dict], float]:
-    return lambda reference, other: float(physics.score(reference, other)[name])
-
-
-# name -> metric(features of the fp32 showers, features of the other showers); lower is closer
-GATE_METRICS: Dict[str, Callable[[dict, dict], float]] = {
-    "score": _score("score"),
-    "reference_metric": _score("reference_metric"),
-    "sampling_fraction_mre": _score("sampling_fraction_mre"),
-}
+# the numbers of ``physics.score`` (lower is closer) that the gate compares; a new metric joins
+# as one more name here
+GATE_METRICS = ("score", "reference_metric", "sampling_fraction_mre", "fpd")
 
 
 def conditions(meta: dict, n: int, seed: int, latent: int) -> Dict[str, np.ndarray]:
@@ -113,27 +107,55 @@ def session(path: str, threads: int = 0):
     return onnxruntime.InferenceSession(path, options, providers=["CPUExecutionProvider"])
 
 
-def _features(sess, feeds: dict) -> dict:
-    cells = sess.run(None, feeds)[0]
-    return physics.features(cells, feeds["energy"] * 100.0, feeds.get("angle"))
+def runner(path: str) -> Callable[[dict], np.ndarray]:
+    """feeds -> cells of the exported file ``path``: ONNX Runtime (CPU) for ``.onnx``, the
+    ``torch.export`` program for ``.pt2`` (the bf16 variant)."""
+    if not path.endswith(".pt2"):
+        sess = session(path)
+        return lambda feeds: sess.run(None, feeds)[0]
+    import torch
+
+    module = torch.export.load(path).module()
+
+    def run(feeds):
+        with torch.inference_mode():
+            return module(*[torch.from_numpy(feeds[k]) for k in feeds]).numpy()
+    return run
+
+
+def _features(run, feeds: dict) -> dict:
+    return physics.features(run(feeds), feeds["energy"] * 100.0, feeds.get("angle"))
 
 
 def gate(fp32_path: str, variant_path: str, meta: dict, latent: int, events: int = 64,
          seed: int = 0) -> dict:
     """The physics gate (module doc) on ``events`` showers: per metric the variant's move and the
     fp32 spread, and ``passed``."""
-    reference, variant = session(fp32_path), session(variant_path)
+    reference, variant = runner(fp32_path), runner(variant_path)
     feeds_b = conditions(meta, events, seed, latent)
     fp32_b = _features(reference, feeds_b)
     fp32_a = _features(reference, with_noise(feeds_b, seed + 1))
     moved = _features(variant, feeds_b)
-    rows = {name: {"moved": metric(fp32_b, moved), "fp32_spread": metric(fp32_b, fp32_a)}
-            for name, metric in GATE_METRICS.items()}
+    moved_by, spread = physics.score(fp32_b, moved), physics.score(fp32_b, fp32_a)
+    rows = {name: {"moved": float(moved_by[name]), "fp32_spread": float(spread[name])}
+            for name in GATE_METRICS}
     return {"metrics": rows, "events": events, "seed": seed,
-            "passed": all(r["moved"] <= r["fp32_spread"] for r in rows.values())}
+            "passed": all(_within(r) is not False for r in rows.values())}
+
+
+def _within(row: dict):
+    """True/False: the variant moved a metric by at most the fp32 spread; None: not measured
+    (the spread itself is not finite)."""
+    if not np.isfinite(row["fp32_spread"]):
+        return None
+    return bool(row["moved"] <= row["fp32_spread"])
 
 
 def describe(result: dict) -> str:
-    return "; ".join(f"{name} moved {r['moved']:.4g} against the fp32 seed-to-seed spread "
-                     f"{r['fp32_spread']:.4g}" + ("" if r["moved"] <= r["fp32_spread"] else " (TOO FAR)")
-                     for name, r in result["metrics"].items()) + f" on {result['events']} showers"
+    def one(name, r):
+        if _within(r) is None:
+            return f"{name} not finite for the fp32 generator itself (not gated)"
+        return (f"{name} moved {r['moved']:.4g} against the fp32 seed-to-seed spread "
+                f"{r['fp32_spread']:.4g}" + ("" if _within(r) else " (TOO FAR)"))
+    return "; ".join(one(n, r) for n, r in result["metrics"].items()) + \
+        f" on {result['events']} showers"

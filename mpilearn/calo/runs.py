@@ -76,9 +76,10 @@ class ShowerModel(torch.nn.Module):
             from the training scaling (angle: max(x, 0)^(1/0.85) / 50; fixed: x / 100).
     """
 
-    def __init__(self, generator: torch.nn.Module, variant: str):
+    def __init__(self, generator: torch.nn.Module, variant: str, bf16: bool = False):
         super().__init__()
         self.generator, self.variant = generator.eval(), variant
+        self.bf16 = bf16  # the generator's layers under bf16 autocast (export --precision bf16)
         g = GEOMETRY[variant]
         self.power, self.unit, self.xscale = g["power"], g["unit"], g["xscale"]
         self.eval()  # inference only: batch norm's running statistics, no dropout
@@ -88,7 +89,12 @@ class ShowerModel(torch.nn.Module):
             z = torch.cat([energy[:, None], angle[:, None], noise], dim=1)
         else:
             z = energy[:, None] * noise
-        x = self.generator(z).squeeze(1).float()
+        if self.bf16:  # not autocast(enabled=False): that would turn off a caller's autocast
+            with torch.autocast(z.device.type, dtype=torch.bfloat16):
+                x = self.generator(z)
+        else:
+            x = self.generator(z)
+        x = x.squeeze(1).float()  # the post-processing in fp32
         if self.variant == "angle":
             return x.clamp_min(0).pow(1.0 / self.power) / self.unit
         return x / self.xscale
