@@ -267,3 +267,27 @@ def test_the_price_is_per_device_kind_with_a_currency(tmp_path):
                           capture_output=True, text=True, cwd=REPO)
     assert "{'gpu_hour': 3.0, 'cpu_hour': 0.0, 'currency': ''}" in proc.stdout, proc.stderr
     assert "'price: 3' (one number for every device-hour) is deprecated" in proc.stderr
+
+
+def test_an_elastic_training_renders_ulfm_where_mpirun_has_it_and_says_what_srun_does():
+    site = os.path.join(REPO, "jobs", "site-example.yaml")
+    base = ("--kind", "train", "--config", "jobs/train-3dgan.yaml", "--site", site)
+    elastic = ("--set", "train.elastic.min_ranks=2")
+
+    def launch(text):
+        (line,) = [l for l in text.splitlines() if "python -m mpilearn.train" in l]
+        return line
+
+    plain = render(*base, "--launcher", "mpirun")
+    assert plain.returncode == 0 and "--with-ft" not in plain.stdout
+    made = render(*base, "--launcher", "mpirun", *elastic)
+    assert made.returncode == 0, made.stderr
+    # the run gets the config that was rendered: the render-time --set is in its command
+    assert "--with-ft ulfm python -m mpilearn.train" in launch(made.stdout)
+    assert "--set train.elastic.min_ranks=2 \"$@\"" in launch(made.stdout)
+    srun = render(*base, "--launcher", "srun", *elastic)
+    assert "--with-ft" not in srun.stdout and "srun has no ULFM" in srun.stdout
+    kube = render(*base, "--target", "kubernetes", "--image", "img:1", *elastic)
+    assert kube.returncode == 0 and "--bind-to none --with-ft ulfm" in kube.stdout, kube.stderr
+    for text in (made.stdout, srun.stdout):
+        assert subprocess.run(["bash", "-n"], input=text, text=True).returncode == 0

@@ -204,3 +204,31 @@ def test_a_job_whose_rank_was_killed_requeues_itself_and_finishes(slurm, toy_fil
     assert "restart 1 of at most 3 after a crash: requeueing job" in log, log
     assert "resumed from" in log and "restart 1 on" in log, log
     assert [r["epoch"] for r in read_jsonl(str(out / "metrics.jsonl")) if "time" in r] == [1, 2]
+
+
+def test_an_elastic_job_rendered_for_mpirun_survives_a_killed_rank(slurm, toy_file, tmp_path):
+    """train.elastic.min_ranks set at render time: the script launches `mpirun --with-ft ulfm`
+    and runs the config it rendered; a rank killed by SIGKILL costs neither the job nor a
+    requeue: the survivor finishes both epochs on 1 rank."""
+    config = train_config(tmp_path, toy_file, epochs=2)
+    script = tmp_path / "elastic.sbatch"
+    render = mpirun(1, ["-m", "mpilearn.jobs", "--kind", "train", "--config", config,
+                        "--site", os.path.join(REPO, "jobs", "site-example.yaml"),
+                        "--launcher", "mpirun", "--set", "train.elastic.min_ranks=1",
+                        "--set", f"model={TESTS}/models/crash.py",
+                        "--set", "hparams={kill_first_run: true}"])
+    assert render.returncode == 0, render.stderr
+    assert "--with-ft ulfm" in render.stdout and "--set train.elastic.min_ranks=1" in render.stdout
+    script.write_text(render.stdout)
+    out = tmp_path / "run"
+    env = {**ENV, "MPILEARN_VENV": os.path.join(REPO, ".venv")}
+    env.pop("SLURM_CONF", None)
+    job = slurm.sbatch(f"--chdir={REPO}", f"--output={tmp_path}/slurm-%j.out", "--ntasks=2",
+                       str(script), config, str(out), env=env)
+    info = slurm.wait(job)
+    log = log_of(tmp_path, job)
+    assert info["JobState"] == "COMPLETED" and info["Restarts"] == "0", log + slurm.logs()
+    assert "mpilearn: lost rank 1 on " in log and "going on with 1 rank(s)" in log, log
+    records = read_jsonl(str(out / "metrics.jsonl"))
+    assert [r["membership"]["lost_ranks"] for r in records if "membership" in r] == [[1]]
+    assert [r["epoch"] for r in records if "time" in r] == [1, 2]

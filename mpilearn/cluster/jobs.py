@@ -37,7 +37,7 @@ import sys
 
 from ..errors import UsageError
 from ..hpo.layout import sweep_tasks, sweep_width
-from .shell import ENTRY, WAIT_FOR_LAUNCHER
+from .shell import ENTRY, WAIT_FOR_LAUNCHER, ulfm_flag
 
 # the site profile: key -> default (the default's type is the type the key accepts)
 SITE = {
@@ -126,7 +126,7 @@ def layout(kind: str, config: dict, site: dict) -> dict:
             "hosts": [per_node + 1] + [per_node] * (nodes - 1)}
 
 
-def _launch(kind: str, site: dict, lay: dict) -> list:
+def _launch(kind: str, site: dict, lay: dict, config: dict) -> list:
     """The lines that size the job from its allocation and start the ranks."""
     plan = (f'NTASKS=$(python -m mpilearn.jobs --plan --kind {kind} --launcher '
             f'{site["launcher"]} --config "$CONFIG" --hostfile "$HOSTFILE" "$@") || exit 2')
@@ -136,15 +136,22 @@ def _launch(kind: str, site: dict, lay: dict) -> list:
         if lay["hosts"]:  # the coordinator's extra task on the first node
             lines.append('export SLURM_HOSTFILE="$HOSTFILE"')
             launch += " --distribution=arbitrary"
+        if ulfm_flag(kind, config):
+            lines.insert(0, "# elastic (train.elastic.min_ranks): srun has no ULFM, so a lost rank "
+                            "ends the step; the job requeues (max_restarts) and resumes at the "
+                            "exact data position on the ranks it then has")
     else:
-        launch = 'mpirun -np "$NTASKS" --hostfile "$HOSTFILE" --map-by slot --bind-to none'
+        launch = ('mpirun -np "$NTASKS" --hostfile "$HOSTFILE" --map-by slot --bind-to none'
+                  + ulfm_flag(kind, config))
         if site["stage_to"]:
             launch += " -x MPILEARN_STAGE"
         launch += f" {site['mpirun_args']}" if site["mpirun_args"] else ""
     return lines + [launch]
 
 
-def render(kind: str, config_path: str, output: str, config: dict, site: dict) -> str:
+def render(kind: str, config_path: str, output: str, config: dict, site: dict, sets=()) -> str:
+    """The batch script; ``sets`` (render-time --set KEY=VALUE) go into the run's command, so
+    the job runs the config that was checked and rendered (as the MPIJob's launcher does)."""
     lay = layout(kind, config, site)
     q = shlex.quote
     lines = ["#!/bin/bash",
@@ -197,7 +204,7 @@ def render(kind: str, config_path: str, output: str, config: dict, site: dict) -
                      f"# rendered for {lay['ntasks']} ranks = 1 coordinator + {lay['ntasks'] - 1} "
                      f"training ranks (the search section of {config_path}); at job start the "
                      "sweep's layout must fit the allocation")
-    lines += _launch(kind, site, lay)
+    lines += _launch(kind, site, lay, config)
     launch = lines.pop()
     if site["stage_to"]:
         # one copy per node; the ranks read it (MPILEARN_STAGE), the run records the sources
@@ -210,7 +217,7 @@ def render(kind: str, config_path: str, output: str, config: dict, site: dict) -
                   '--config "$CONFIG" "$@" || exit 1']
     lines += [
         f"{launch} python -m {ENTRY[kind]} --config \"$CONFIG\" --output \"$OUTPUT\" "
-        "--resume auto --no-progress \"$@\" &",
+        "--resume auto --no-progress " + "".join(f"--set {q(v)} " for v in sets) + "\"$@\" &",
         "pid=$!",
         "# SLURM signals the batch shell (B:USR1) before the time limit: pass it to every rank",
         "trap 'kill -USR1 $pid 2>/dev/null' USR1 TERM",
@@ -456,7 +463,7 @@ def main(argv=None) -> int:
         for missing in jobcheck.missing_here(args.kind, config):
             sys.stderr.write(f"mpilearn: warning: {missing} matches no file here; the job reads "
                              "it relative to the directory sbatch runs in\n")
-        sys.stdout.write(render(args.kind, args.config, output, config, site))
+        sys.stdout.write(render(args.kind, args.config, output, config, site, args.set or ()))
     except UsageError as err:
         sys.stderr.write(f"mpilearn: error: {err}\n")
         return 2

@@ -35,7 +35,7 @@ import yaml
 
 from ..errors import UsageError
 from .carry import CONFIG_DIR, carried_model, model_file
-from .shell import ENTRY, WAIT_FOR_LAUNCHER
+from .shell import ENTRY, WAIT_FOR_LAUNCHER, ulfm_flag
 
 # the site profile's kubernetes: section: key -> default (the default's type is the key's)
 SITE = {
@@ -252,7 +252,7 @@ def slots(kind: str, config: dict, kube: dict) -> int:
     return per
 
 
-def launcher_script(kind: str, kube: dict, per_worker: int) -> str:
+def launcher_script(kind: str, kube: dict, per_worker: int, ulfm: str = "") -> str:
     """The launcher container's bash script ($1 config, $2 run directory, then mpilearn
     flags): size the job from the operator's host file, launch, pass SIGTERM on as the
     checkpoint signal (SIGUSR1), exit with mpilearn's status (75: stopped, state saved)."""
@@ -264,7 +264,8 @@ def launcher_script(kind: str, kube: dict, per_worker: int) -> str:
         forward = " ".join(f"-x {v}" for v in ("PATH", "K_MPI_JOB_ROLE", "MPILEARN_HOSTFILE",
                                                 "OMP_NUM_THREADS"))
         forward += " ${LD_LIBRARY_PATH:+-x LD_LIBRARY_PATH}"  # set in CUDA images
-        launch = f'mpirun -np "$NTASKS" --hostfile "$HOSTFILE" --map-by slot --bind-to none {forward}'
+        launch = (f'mpirun -np "$NTASKS" --hostfile "$HOSTFILE" --map-by slot --bind-to none{ulfm} '
+                  f'{forward}')
     else:  # Hydra (MPICH, Intel MPI) forwards the whole environment
         launch = 'mpirun -n "$NTASKS" -f "$HOSTFILE"'
     threads = max(1, kube["cpus_per_worker"] // max(1, per_worker))
@@ -389,7 +390,8 @@ def manifest(kind: str, config: dict, config_text: str, output: str, kube: dict,
     sets = list(sets) + [model[2]] if model else list(sets)  # after the user's: it wins
     launcher = {
         "name": "mpilearn-launcher", "image": kube["image"], "workingDir": kube["workdir"],
-        "command": ["bash", "-c", launcher_script(kind, kube, per_worker), "mpilearn-launcher",
+        "command": ["bash", "-c", launcher_script(kind, kube, per_worker, ulfm_flag(kind, config)),
+                    "mpilearn-launcher",
                     f"{CONFIG_DIR}/config.yaml", output] + [a for s in sets for a in ("--set", s)],
         "resources": {"requests": {"cpu": 1, "memory": "1Gi"},
                       "limits": {"cpu": 1, "memory": "2Gi"}},

@@ -2,6 +2,14 @@
 
 ENTRY = {"train": "mpilearn.train", "hpo": "mpilearn.optimize"}
 
+
+def ulfm_flag(kind: str, config: dict) -> str:
+    """Open MPI 5 mpirun's ``--with-ft ulfm`` for an elastic training (``train.elastic.min_ranks``
+    > 0): its survivors then go on after a lost rank, instead of the job ending (and below
+    ``min_ranks`` they checkpoint and exit 75, which requeues or restarts the job)."""
+    elastic = (config.get("train") or {}).get("elastic") or {}
+    return " --with-ft ulfm" if kind == "train" and int(elastic.get("min_ranks") or 0) > 0 else ""
+
 # A signal caught by the script's trap ends `wait` early with 128+n while the launcher still
 # runs: wait again. When the launcher has ended meanwhile, one more `wait` returns its own
 # status (bash keeps it), not the interruption's 143: a job stopped with its state saved
