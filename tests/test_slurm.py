@@ -34,8 +34,8 @@ def slurm():
         assert cluster.processes() == [], "SLURM daemons left running"
 
 
-def submit(slurm, tmp_path, script, *args, flags=()):
-    env = {**ENV, "MPILEARN_VENV": os.path.join(REPO, ".venv")}
+def submit(slurm, tmp_path, script, *args, flags=(), env=None):
+    env = {**ENV, "MPILEARN_VENV": os.path.join(REPO, ".venv"), **(env or {})}
     env.pop("SLURM_CONF", None)
     return slurm.sbatch(f"--chdir={REPO}", f"--output={tmp_path}/slurm-%j.out", *flags,
                         os.path.join(REPO, "jobs", script), *args, env=env)

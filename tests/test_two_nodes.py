@@ -148,3 +148,44 @@ def test_a_cancelled_job_leaves_no_stage_on_any_node(nodes, toy_file, tmp_path):
         assert f"removed {nodes.path('nodetmp', 'mpilearn-9999')} on {node}," in log, log
         left = [n for n in os.listdir(nodes.path(f"tmp-{node}")) if n.startswith("mpilearn-")]
         assert left == [], (node, left, log)
+
+
+def test_losing_every_rank_of_one_node_an_elastic_job_finishes_equal_to_the_replay(
+        nodes, toy_file, tmp_path):
+    """An elastic training rendered for mpirun (--with-ft ulfm), 2 nodes x 2 ranks; both ranks of
+    the second node die by SIGKILL at step 21: the first node's two ranks finish, every event
+    trained once per epoch, with the weights of the replay (stopped at step 20 at 4 ranks,
+    resumed at 2)."""
+    cfg = {"model": f"{TESTS}/models/elastic_mlp.py", "data": {"files": [toy_file],
+                                                               "val_fraction": 0.0625},
+           "train": {"epochs": 2, "batch_size": 4, "deterministic": True}}
+    config = tmp_path / "train.yaml"
+    config.write_text(yaml.safe_dump(cfg))
+    replay = tmp_path / "replay"
+    stop = mpirun(4, train_args("--config", str(config), "--output", str(replay)),
+                  env={"MPILEARN_TEST_STOP": "20"})
+    assert stop.returncode == 75, stop.stderr
+    resumed = mpirun(2, train_args("--config", str(config), "--output", str(replay), "--resume"))
+    assert resumed.returncode == 0, resumed.stderr
+    site = tmp_path / "site.yaml"
+    site.write_text(yaml.safe_dump({"launcher": "mpirun", "mpirun_args": "-x MPILEARN_TEST_KILL"}))
+    script = tmp_path / "elastic.sbatch"
+    script.write_text(subprocess.run(
+        [sys.executable, "-m", "mpilearn.jobs", "--config", str(config), "--site", str(site),
+         "--set", "train.elastic.min_ranks=2"], cwd=REPO, capture_output=True, text=True,
+        check=True).stdout)
+    out = tmp_path / "run"
+    env = {"MPILEARN_TEST_KILL": "2,3:20"}
+    log = finished(nodes, tmp_path, submit(nodes, tmp_path, str(script), str(config), str(out),
+                                           flags=["--nodes=2", "--ntasks-per-node=2"], env=env))
+    assert "--with-ft ulfm" in script.read_text()
+    assert "4 process(es)" in log and f"rank 2 on {NODES[1]}" in log, log
+    assert f"rank 3 on {NODES[1]}" in log and "going on with 2 rank(s) from step 20" in log, log
+    changes = [r["membership"] for r in read_jsonl(str(out / "metrics.jsonl")) if "membership" in r]
+    assert sorted(r for c in changes for r in c["lost_ranks"]) == [2, 3], changes
+    assert changes[-1]["ranks"] == 2, changes
+    model = ckpt.load(ckpt.latest(str(out / "checkpoints")))["task"]["models"]["model"]
+    assert int((model["seen"] == 2).sum()) == 960  # every training event once per epoch
+    want = ckpt.load(ckpt.latest(str(replay / "checkpoints")))["task"]["models"]["model"]
+    for k in want:
+        torch.testing.assert_close(model[k], want[k], rtol=0, atol=0)

@@ -1,8 +1,8 @@
 """The float64 MLP that counts every event it trains on (a buffer summed over the ranks, so it
 is in the weights and compared with them), for elastic and resume tests.
 
-``MPILEARN_TEST_KILL=R:S``: world rank R kills itself with SIGKILL as it starts its step S+1
-(after S applied steps); ``MPILEARN_TEST_STOP=S``: every rank sends itself SIGTERM after its
+``MPILEARN_TEST_KILL=R:S``: world rank R (or each of R1,R2,...: a node's ranks) kills itself
+with SIGKILL as it starts its step S+1 (after S applied steps); ``MPILEARN_TEST_STOP=S``: every rank sends itself SIGTERM after its
 step S, so the run stops at exactly that step (the replay of an elastic run). Environment, not
 hparams: the runs compared keep one config."""
 import faulthandler
@@ -29,11 +29,13 @@ def arm(task):
     from mpilearn.core import comm as mcomm
 
     plain_step = task.train_step
-    kill, stop = _env_steps("MPILEARN_TEST_KILL"), _env_steps("MPILEARN_TEST_STOP")
+    victims, _, kill_step = os.environ.get("MPILEARN_TEST_KILL", "").partition(":")
+    kill = ({int(r) for r in victims.split(",")}, int(kill_step)) if kill_step else None
+    stop = _env_steps("MPILEARN_TEST_STOP")
     steps = [0]
 
     def train_step(batch):
-        if kill and mcomm.mpi().COMM_WORLD.Get_rank() == kill[0] and steps[0] == kill[1]:
+        if kill and mcomm.mpi().COMM_WORLD.Get_rank() in kill[0] and steps[0] == kill[1]:
             os.kill(os.getpid(), signal.SIGKILL)
         losses = plain_step(batch)
         steps[0] += 1
