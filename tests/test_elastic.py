@@ -108,3 +108,31 @@ def test_horovod_elastic_torch_script_survives_kill9_of_rank0():
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     # every sample twice in two epochs: the batch in flight was rolled back to the commit
     assert result["seen"] == [2.0] and result["size"] == 2 and result["resets"] == [2]
+
+
+def test_the_3dgan_survives_a_kill9_equal_to_its_replay_to_float_rounding(showers_dir, tmp_path):
+    """Two models, two optimizers and four updates a step: rank 1 of 3 killed after step 2; the
+    survivors' weights equal the replay (stopped at step 2 at 3 ranks, resumed at 2)."""
+    first = sorted(os.listdir(showers_dir))[0]
+
+    def gan(out, *extra):
+        return train_args("--set", f"model={TESTS}/models/gan_armed.py", "--set",
+                          f"data.files=[{os.path.join(showers_dir, first)}]", "--set",
+                          "data.val_fraction=0.25", "--set", "hparams.preset=small", "--set",
+                          "train.batch_size=4", "--set", "train.deterministic=true",
+                          "--output", str(out), *extra)
+
+    replay = tmp_path / "replay"
+    stop = mpirun(3, gan(replay), env={"MPILEARN_TEST_STOP": "2"})
+    assert stop.returncode == 75, stop.stderr
+    resumed = mpirun(2, gan(replay, "--resume"))
+    assert resumed.returncode == 0, resumed.stderr
+    out = tmp_path / "run"
+    proc = ulfm_run(3, gan(out, "--set", "train.elastic.min_ranks=2"), {"MPILEARN_TEST_KILL": "1:2"})
+    assert proc.returncode == 0, proc.stderr
+    assert "going on with 2 rank(s) from step 2" in proc.stdout, proc.stdout
+    got = ckpt.load(ckpt.latest(str(out / "checkpoints")))["task"]
+    want = ckpt.load(ckpt.latest(str(replay / "checkpoints")))["task"]
+    for name in want["models"]:  # the generator and the discriminator
+        for k, v in want["models"][name].items():
+            torch.testing.assert_close(got["models"][name][k], v)

@@ -96,7 +96,7 @@ class Trainer:
                   f"precision {train['precision']}, compile {train['compile']}", flush=True)
         self.strategy.setup(self.task, plan.device)
         self.base_lrs = self.task.learning_rates()
-        torch.manual_seed(train["seed"] * 1000 + ctx.rank + 1)  # per-rank noise from here on
+        self._seed_rank_streams()
         self.callbacks = self._default_callbacks()
         self.membership, self.snapshots = None, None
         if elastic.settings(config) is not None:
@@ -396,11 +396,23 @@ class Trainer:
             raise membership.TooFewRanks(change, self.membership.min_ranks,
                                          self.global_step)
 
+    def _seed_rank_streams(self) -> None:
+        """Per-rank noise (dropout, a task's own draws) from here on: a stream per rank, which
+        restarts when the rank count changes (a resume at another size, an elastic change)."""
+        torch.manual_seed(self.config["train"]["seed"] * 1000 + self.ctx.rank + 1)
+
     def _restore_snapshot(self, snap) -> None:
         """Every survivor back to ``snap`` (its own copy of that step), on the new size."""
         # a copy: an optimizer's load_state_dict keeps the very tensors it is given, and the
         # snapshot must stay as it is (a second loss before the next one goes back to it)
         self.task.load_state_dict(copy.deepcopy(snap.task))
+        from .. import torch as mtorch
+
+        # every rank takes rank 0's models, as a resume from rank 0's checkpoint does: the
+        # weights are equal already, but per-rank buffers are not (batch-norm running stats,
+        # which the 3DGAN's generator uses in eval mode for D's fake batch)
+        for model in self.task.models().values():
+            mtorch.broadcast_parameters(model.state_dict(), 0, comm=self.ctx.comm)
         for opt in self.task.optimizers().values():
             reducer = getattr(opt, "_reducer", None)
             if reducer is not None:
@@ -408,7 +420,10 @@ class Trainer:
         self.epoch, self.step_in_epoch = snap.epoch, snap.step_in_epoch
         self.global_step, self.acc = snap.global_step, dict(snap.acc, losses=dict(snap.acc["losses"]))
         self.position = snap.position
-        ckpt.set_rng_state(snap.rng)
+        if snap.ranks == self.ctx.size:
+            ckpt.set_rng_state(snap.rng)
+        else:  # as a resume on another rank count does, so that the run equals that replay
+            self._seed_rank_streams()
         self._resize_batch(snap)
         self.callbacks = self._default_callbacks()
         for cb in self.callbacks:
