@@ -70,12 +70,12 @@ class EpochLog(Callback):
             return False
         append_jsonl(self.metrics_path, record)
         self.log.epoch(record)
-        # one short line: the losses, the speed and each callback's summary (the full record
-        # is in metrics.jsonl)
+        # one short line: the losses (not a loss's terms: the 3DGAN has eight), the validation
+        # metrics, the speed and each callback's summary (the full record is in metrics.jsonl)
         shown = [f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
                  for k, v in record.items()
-                 if k.startswith(("train_", "val_")) or k in self.headline
-                 or k == "samples_per_s"]
+                 if (k.startswith("train_") and k.endswith("loss")) or k in self.headline
+                 or (k.startswith("val_") and not k.endswith("_events")) or k == "samples_per_s"]
         extra = [text for summary in self.summaries if (text := summary(record))]
         print(f"epoch {record['epoch']}: " + "; ".join(filter(None, [", ".join(shown), *extra])),
               flush=True)
