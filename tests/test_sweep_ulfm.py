@@ -57,15 +57,16 @@ def test_a_lost_block_rank_costs_one_trial_never_the_sweep(tmp_path, toy_file):
     # ... from its fold's checkpoint: fold 0 resumed at step KILL_AT, not from the start
     assert f"[trial {victim} fold 0] mpilearn: resumed from" in proc.stdout
     assert f"ckpt-e0000-s{KILL_AT:07d}.pt" in proc.stdout
-    # the other block's trial in flight at the loss never restarted: started once, one
-    # epoch record per fold, no membership change
+    # the other block's trial in flight at the loss never restarted: started once, each
+    # fold's one epoch at its 64 steps (512 events, global batch 8), never resumed
     [other] = [e["key"] for e in started if e["block"] == 1 and e["key"] != victim
                and events.index(e) < events.index(stopped)]
     assert sum(e["key"] == other for e in started) == 1
     for fold in (0, 1):
         records = read_jsonl(str(out / "trials" / other / f"fold{fold}" / "metrics.jsonl"))
-        assert [r["epoch"] for r in records if "time" in r] == [1]
+        assert [(r["epoch"], r["step"]) for r in records if "time" in r] == [(1, 64)]
         assert not [r for r in records if "membership" in r or "stopped" in r]
+        assert f"[trial {other} fold {fold}] mpilearn: resumed from" not in proc.stdout
     print(f"wall {time.monotonic() - start:.1f} s")
 
 

@@ -88,8 +88,8 @@ def describe(ranks, hosts) -> str:
 
 def retire(world, block_comms, leader: bool, block: int, hosts, tag: int) -> None:
     """A block rank that saw a failure: revoke the block's communicators (the others leave
-    what they wait in), and the leader tells the coordinator (a ``tag`` message), unless the coordinator is the
-    one lost (then the end's shrink says so)."""
+    what they wait in), and the leader tells the coordinator (a ``tag`` message), unless the
+    coordinator is the one lost (then the end's shrink says so)."""
     MPI = mcomm.mpi()
     for c in block_comms:
         try:

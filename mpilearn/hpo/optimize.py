@@ -11,7 +11,9 @@ trials that were in flight, each fold from its own checkpoint; ``--resume auto``
 a sweep that does not exist yet (requeued batch jobs); it refuses a changed config except
 budget, trial_timeout, blocks, enqueue unless --force (hpo/identity.py). SIGTERM, SIGINT or
 SIGUSR1 stops the sweep: no new trials, folds in flight checkpoint after their current step,
-exit status 75. A sweep in which no trial succeeded exits 4; its last line names the most
+exit status 75. Under ``mpirun --with-ft ulfm`` with ``search.elastic`` a lost block rank costs
+its trial, and a lost coordinator ends the survivors with 75 (hpo/elastic.py). A sweep in
+which no trial succeeded exits 4; its last line names the most
 common failure and where that trial's traceback and output are.
 Then ``python -m mpilearn.report RUN_DIR``, and ``python -m mpilearn.refit RUN_DIR`` (or
 ``python -m mpilearn.optimize --refit RUN_DIR``) for the final model: the best trial trained on
