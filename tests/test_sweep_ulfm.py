@@ -17,18 +17,22 @@ BUDGET = 3
 KILL_AT = 30  # steps of the victim's first fold before it dies (checkpoints every 10)
 
 
-def sweep(tmp_path, toy_file, *extra, env=None, wait=True):
+def sweep(tmp_path, toy_file, *extra, env=None, wait=True, min_np=False):
+    """The sweep on np=5 under ``mpirun --with-ft ulfm`` with ``search.elastic: true``, or
+    (``min_np``) under ``mpilearn-run --min-np 3``, which adds both."""
     cfg = {"model": f"{TESTS}/models/armed_slow.py", "output": str(tmp_path / "sweep"),
            "data": {"files": [toy_file]}, "hparams": {"sleep": 0.02},
            "train": {"epochs": 1, "batch_size": 4, "checkpoint_every_steps": 10},
            "search": {"searcher": "random", "budget": BUDGET, "blocks": 2, "folds": 2,
-                      "fold_mode": "sequential", "ranks_per_fold": 2, "elastic": True,
+                      "fold_mode": "sequential", "ranks_per_fold": 2, "elastic": not min_np,
                       "space": {"lr": {"type": "real", "low": 0.001, "high": 0.01}}}}
     path = tmp_path / "hpo.yaml"
     path.write_text(yaml.safe_dump(cfg))
-    cmd = ["mpirun", "--with-ft", "ulfm", "-np", "5", "--oversubscribe",
-           *[a for k in env or {} for a in ("-x", k)], sys.executable, "-m",
-           "mpilearn.optimize", "--config", str(path), "--no-progress", *extra]
+    launch = [sys.executable, "-m", "mpilearn.run", "-np", "5", "--min-np", "3"] if min_np \
+        else ["mpirun", "--with-ft", "ulfm", "-np", "5", "--oversubscribe",
+              *[a for k in env or {} for a in ("-x", k)]]
+    cmd = [*launch, sys.executable, "-m", "mpilearn.optimize", "--config", str(path),
+           "--no-progress", *extra]
     run = subprocess.run if wait else subprocess.Popen
     kw = {"capture_output": True, "timeout": 240} if wait else {
         "stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "start_new_session": True}
@@ -37,8 +41,10 @@ def sweep(tmp_path, toy_file, *extra, env=None, wait=True):
 
 def test_a_lost_block_rank_costs_one_trial_never_the_sweep(tmp_path, toy_file):
     start = time.monotonic()
-    proc = sweep(tmp_path, toy_file, env={"MPILEARN_TEST_KILL": f"1:{KILL_AT}"})  # block 0's leader
+    proc = sweep(tmp_path, toy_file, env={"MPILEARN_TEST_KILL": f"1:{KILL_AT}"},  # block 0's
+                 min_np=True)                                                 # leader
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert " --with-ft ulfm " in proc.stderr.splitlines()[0]  # mpilearn-run's command line
     out = tmp_path / "sweep"
     events = read_jsonl(str(out / "journal.jsonl"))
     done = [e["key"] for e in events if e["event"] == "done"]
