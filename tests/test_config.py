@@ -56,14 +56,25 @@ def test_train_help_names_every_config_key():
     assert not missing, f"train --help does not name {missing}"
 
 
-def test_search_elastic_is_a_checked_boolean_and_refused_until_built():
+def test_search_elastic_is_checked_and_refuses_what_cannot_survive(monkeypatch):
     from mpilearn.core.config import hpo_schema
-    from mpilearn.hpo.optimize import check_elastic
+    from mpilearn.hpo.elastic import check
 
     with pytest.raises(UsageError, match="'search.elastic' must be"):
         resolve(None, ["model=m", "search.elastic=maybe"], schema=hpo_schema())
-    search = resolve(None, ["model=m", "search.elastic=true"], schema=hpo_schema())["search"]
-    assert search["elastic"] is True
-    check_elastic({**search, "elastic": False})  # the default: nothing to check
-    with pytest.raises(UsageError, match="search.elastic"):
-        check_elastic(search)
+    config = resolve(None, ["model=m", "search.elastic=true"], schema=hpo_schema())
+    assert config["search"]["elastic"] is True
+    check({**config, "search": {**config["search"], "elastic": False}})  # the default
+    with pytest.raises(UsageError, match="search.elastic: 2 folds in parallel"):
+        check(config)
+    config["search"]["fold_mode"] = "sequential"
+    check(config)
+    config["train"]["algorithm"] = "easgd"
+    with pytest.raises(UsageError, match="train.algorithm=easgd is not elastic"):
+        check(config)
+    # mpilearn-run --min-np 3 (ULFM mode): the sweep is elastic, its folds' training is not
+    monkeypatch.setenv("MPILEARN_ELASTIC_MIN_RANKS", "3")
+    config = resolve(None, ["model=m"], schema=hpo_schema())
+    assert config["search"]["elastic"] is True and config["train"]["elastic"]["min_ranks"] == 0
+    monkeypatch.setenv("MPILEARN_ELASTIC_MODE", "relaunch")
+    assert resolve(None, ["model=m"], schema=hpo_schema())["search"]["elastic"] is False

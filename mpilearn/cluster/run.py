@@ -149,7 +149,7 @@ def main(argv=None) -> int:
         mode, env = None, os.environ
         if args.min_np is not None:
             mode = elastic_mode(args.launcher, env)
-            env = {**env, **elastic_env(args)}
+            env = {**env, **elastic_env(args), MODE_ENV: mode}  # a sweep reads the mode
             if mode == "ulfm" and "with-ft" not in extra:
                 extra += " --with-ft ulfm"
         cmd = build_command(args.np, hosts, args.command, args.launcher, extra, env)

@@ -257,7 +257,10 @@ def resolve(path: Optional[str], sets: Iterable[str] = (), base: Optional[dict] 
     if t["base_batch"] < 0 or t["warmup_epochs"] < 0:
         key = "base_batch" if t["base_batch"] < 0 else "warmup_epochs"
         raise UsageError(f"'train.{key}' must be at least 0, got {t[key]}")
-    _elastic_from_launcher(t["elastic"])
+    if "search" in config:  # a sweep: --min-np makes the sweep elastic, not its folds
+        config["search"]["elastic"] = config["search"]["elastic"] or _elastic_sweep()
+    else:
+        _elastic_from_launcher(t["elastic"])
     _check_elastic(t["elastic"])
     if not 0 <= t["seed"] < 2 ** 32:  # numpy's seed range; torch would accept, numpy not
         raise UsageError(f"'train.seed' must be in [0, 2**32), got {t['seed']}")
@@ -282,6 +285,13 @@ def _elastic_from_launcher(elastic: dict) -> None:
             except ValueError:
                 raise UsageError(f"MPILEARN_ELASTIC_{key.upper()}={value!r} is not a "
                                  "number") from None
+
+
+def _elastic_sweep() -> bool:
+    """``mpilearn-run --min-np`` in ULFM mode turns a sweep's ``search.elastic`` on: a lost
+    rank costs its block's trial (in relaunch mode the job is run again instead)."""
+    return bool(os.environ.get("MPILEARN_ELASTIC_MIN_RANKS")) and \
+        os.environ.get("MPILEARN_ELASTIC_MODE", "ulfm") == "ulfm"
 
 
 def _check_elastic(elastic: dict) -> None:

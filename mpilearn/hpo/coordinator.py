@@ -45,8 +45,12 @@ def device_hours(folds: list) -> dict:
 class Coordinator:
     def __init__(self, comm, config: dict, searcher, journal: Journal, state: SweepState,
                  blocks: int, progress: bool = True, pruner=None, objective=None,
-                 warm_start=(), config_id: int = 1, launch=None):
+                 warm_start=(), config_id: int = 1, launch=None, elastic=None):
         self.comm, self.config, self.journal, self.state = comm, config, journal, state
+        # under ULFM (hpo/elastic.py): {"width": ranks per block, "hosts": every world rank's}
+        self.elastic = elastic
+        self.failed: set = set()       # world ranks known lost
+        self.lost_blocks: set = set()  # blocks retired after a lost rank
         self.launch = launch or {}  # the job's ranks and their start-up seconds (the cost)
         self.search = config["search"]
         self.config_id = config_id  # config-history/NNNN.yaml: journalled with every trial
@@ -229,7 +233,7 @@ class Coordinator:
                 if preempt.requested() is not None and not self.stop_requested:
                     self.interrupt()
                 self.announce()
-                waiting = self.comm.Iprobe(source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG, status=status)
+                waiting = self._probe(status, active)
                 if not waiting and not self.deferred:
                     time.sleep(sleep)
                     sleep = min(sleep * 2, 0.02)
@@ -242,10 +246,10 @@ class Coordinator:
                     answers += self._serve_deferred(active)
                     while waiting and len(answers) < self.GROUP:
                         answers += self._decide(status.Get_source(), status.Get_tag(), active)
-                        waiting = self.comm.Iprobe(source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG,
-                                                   status=status)
+                        waiting = self._probe(status, active)
                 for dest, tag, answer, asked, queued in answers:
-                    self.comm.send(answer, dest=dest, tag=tag)
+                    if not self._send(answer, dest, tag, active):
+                        continue
                     if tag == TAG_TRIAL:
                         self.latencies.append(time.perf_counter() - asked)
                         self.queued.append(queued)
@@ -259,6 +263,69 @@ class Coordinator:
                 self.bar.close()
         return self.state
 
+    def _probe(self, status, active: set) -> bool:
+        """Is a message waiting? Under ULFM a lost rank's notice comes here first: its block
+        is handled (``_ranks_lost``), and the probe is asked again."""
+        MPI = __import__("mpi4py.MPI", fromlist=["MPI"])
+        while True:
+            try:
+                return self.comm.Iprobe(source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG, status=status)
+            except MPI.Exception as err:
+                self._failure(err, active)
+
+    def _send(self, answer, dest: int, tag: int, active: set) -> bool:
+        MPI = __import__("mpi4py.MPI", fromlist=["MPI"])
+        try:
+            self.comm.send(answer, dest=dest, tag=tag)
+            return True
+        except MPI.Exception as err:  # the block's leader was lost meanwhile
+            self._failure(err, active)
+            return False
+
+    def _failure(self, err, active: set) -> None:
+        from ..core.membership import is_failure
+        from .elastic import describe, newly_failed
+
+        if self.elastic is None or not is_failure(err):
+            raise err
+        hosts, width = self.elastic["hosts"], self.elastic["width"]
+        for rank in newly_failed(self.comm, self.failed):
+            block = (rank - 1) // width
+            self._lose_block(block, describe([rank], hosts), active,
+                             gone=1 + block * width in self.failed)
+
+    def _lose_block(self, block: int, reason: str, active: set, gone: bool) -> None:
+        """A rank of ``block`` is lost: its trial runs again first elsewhere (``lose``), and
+        the block retires. Its leader, when alive, is answered no more trials (it may be
+        waiting for one); a block whose leader is ``gone`` is never heard from again."""
+        first = block not in self.lost_blocks
+        if first:
+            self.lost_blocks.add(block)
+            self.journal.write("block_lost", block=block, reason=reason)
+        key = self.running.get(block, {}).get("key")
+        self.lose(block, reason)
+        if first:
+            left = len(active - self.lost_blocks)
+            print(f"mpilearn: block {block}: {reason}"
+                  + (f"; its trial {key} runs again first, on another block" if key else "")
+                  + f"; the sweep goes on with {left} block(s)", flush=True)
+        waiting = [d for d in self.deferred + self.spares if d[0] == block]
+        self.deferred = [d for d in self.deferred if d[0] != block]
+        self.spares = [d for d in self.spares if d[0] != block]
+        if gone:
+            active.discard(block)
+        for entry in waiting if not gone else ():
+            if self._send(None, entry[1], TAG_TRIAL, active):
+                active.discard(block)
+        self._release_spares()
+
+    def _release_spares(self) -> None:
+        if self.spares and (self.requeue or not self.running or self.stop_requested):
+            # a lost trial for a spare, or the last trial done: the spares are served now
+            now = time.monotonic()
+            self.deferred[:0] = [(b, src, at, now) for b, src, at in self.spares]
+            self.spares.clear()
+
     def _decide(self, source: int, tag: int, active: set) -> list:
         """One message: a fold's progress (answered with a verdict) or a block's result and
         request (answered with its next trial, None: no more; or deferred while the model
@@ -268,18 +335,17 @@ class Coordinator:
         if tag == TAG_PROGRESS:
             return [(source, TAG_VERDICT, self._verdict(msg), asked, False)]
         block = msg["block"]
-        if msg.get("lost"):
+        if msg.get("lost") and msg.get("retired"):  # the block is gone: nothing to answer
+            self._lose_block(block, msg["lost"], active, gone=True)
+            return []
+        if msg.get("lost"):  # its trial failed under it (a hang): the block goes on
             self.lose(block, msg["lost"])
-            if msg.get("retired"):  # the block is gone: nothing to answer
-                active.discard(block)
-                return []
+        elif block in self.lost_blocks:  # a retired block's leader asks: no more trials
+            active.discard(block)
+            return [(source, TAG_TRIAL, None, asked, False)]
         elif msg.get("result") is not None:
             self._finish(block, msg["result"])
-        if self.spares and (self.requeue or not self.running or self.stop_requested):
-            # a lost trial for a spare, or the last trial done: the spares are served now
-            now = time.monotonic()
-            self.deferred[:0] = [(b, src, at, now) for b, src, at in self.spares]
-            self.spares.clear()
+        self._release_spares()
         self.deferred.append((block, source, asked, time.monotonic() + self._wait()))
         answers = self._serve_deferred(active, only_first=True) if len(self.deferred) == 1 \
             else []
@@ -320,7 +386,10 @@ class Coordinator:
     def lose(self, block: int, reason: str) -> None:
         """A block failed under its trial (a rank lost, a hang its watchdog caught): the trial
         is journalled as interrupted with the reason and runs again first, on the next block
-        that asks (from its folds' checkpoints), counted once in the budget."""
+        that asks (from its folds' checkpoints), counted once in the budget. A block with no
+        trial in flight loses none."""
+        if block not in self.running:
+            return
         event = self.running.pop(block)
         self.journal.write("interrupted", key=event["key"], block=block, reason=reason)
         self.requeue.insert(0, self.state.started[event["key"]])

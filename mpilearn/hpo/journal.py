@@ -8,7 +8,9 @@ answer), ``done`` (key, values = per objective the mean over folds, value = the 
 fold_values, wall), ``pruned`` (key, step and value where it stopped), ``failed`` (key, reason,
 killed: its job died under it), ``interrupted`` (key, folds with each fold's wall so far: in
 flight when the job was stopped), ``exhausted`` (a finite space has no untried point left),
-``job`` (a job of the sweep started: the first run or a resume; config as for started).
+``job`` (a job of the sweep started: the first run or a resume; config as for started),
+``block_lost`` (block, reason: a rank lost under ULFM, ``hpo/elastic.py``; its trial's
+``interrupted`` follows).
 Resume = replay.
 """
 from __future__ import annotations

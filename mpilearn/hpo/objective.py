@@ -204,6 +204,10 @@ def _run_fold(config: dict, point: dict, fold: int, ctx, output: str, obj: dict,
     except preempt.Preempted:
         return {"status": "interrupted", "wall": time.time() - start}
     except Exception as err:  # a failed trial is recorded, the sweep goes on
+        from ..core.membership import is_failure
+
+        if is_failure(err):  # a rank lost, not the trial's fault: the block handles it
+            raise
         reason = f"{type(err).__name__}: {err}"
         if not isinstance(err, (UsageError, TrainingStopped)):  # ours need no traceback
             reason += "\n" + "".join(traceback.format_exception(err)[-3:])

@@ -11,7 +11,9 @@ trials that were in flight, each fold from its own checkpoint; ``--resume auto``
 a sweep that does not exist yet (requeued batch jobs); it refuses a changed config except
 budget, trial_timeout, blocks, enqueue unless --force (hpo/identity.py). SIGTERM, SIGINT or
 SIGUSR1 stops the sweep: no new trials, folds in flight checkpoint after their current step,
-exit status 75. A sweep in which no trial succeeded exits 4; its last line names the most
+exit status 75. Under ``mpirun --with-ft ulfm`` with ``search.elastic`` a lost block rank costs
+its trial, and a lost coordinator ends the survivors with 75 (hpo/elastic.py). A sweep in
+which no trial succeeded exits 4; its last line names the most
 common failure and where that trial's traceback and output are.
 Then ``python -m mpilearn.report RUN_DIR``, and ``python -m mpilearn.refit RUN_DIR`` (or
 ``python -m mpilearn.optimize --refit RUN_DIR``) for the final model: the best trial trained on
@@ -30,7 +32,9 @@ from ..cluster import preempt, stage
 from ..core.comm import check_on_root
 from ..errors import SweepFailed, UsageError, exit_status
 from . import layout
+from . import elastic
 from .coordinator import TAG_BLOCK, TAG_PROGRESS, TAG_TRIAL, TAG_VERDICT, Coordinator
+from ..core.membership import is_failure
 from .pruners import make_pruner
 
 
@@ -48,7 +52,6 @@ def check_search(config: dict, build: bool = True) -> dict:
     s = config["search"]
     if s["budget"] < 1:
         raise UsageError(f"search.budget must be at least 1, got {s['budget']}")
-    check_elastic(s)
     obj = objective.parse(config)
     defaults, declared, task = {}, {}, None
     if "callable" not in obj:
@@ -91,6 +94,9 @@ def check_search(config: dict, build: bool = True) -> dict:
                          f"{n_objectives} (set search.pruner: none)")
     pruner = make_pruner(s["pruner"], obj["directions"][0], **s["pruner_options"])
     check_points(s["enqueue"], space)
+    from . import elastic
+
+    elastic.check(config, task)
     return {"objective": obj, "task": task, "searcher": searcher, "pruner": pruner}
 
 
@@ -135,20 +141,6 @@ def plan(config: dict, world_size: int, resume, force: bool = False) -> dict:
     return {"output": output, "n_events": n_events, "notes": notes, "force": force,
             "objective": parts["objective"], "searcher": parts["searcher"],
             "pruner": parts["pruner"], "warm_start": warm}
-
-
-def check_elastic(search: dict) -> None:
-    """search.elastic needs ULFM; and until a block's loss is handled (issue 46), a sweep
-    refuses it rather than accept a setting that would change nothing."""
-    from ..core import membership
-
-    if not search.get("elastic"):
-        return
-    if not membership.supported():
-        raise UsageError("search.elastic: true needs an MPI with ULFM (Open MPI 5 under "
-                         "'mpirun --with-ft ulfm'); this mpi4py's MPI has no Comm.Revoke/Shrink")
-    raise UsageError("search.elastic: true is not built yet: a lost rank still ends the "
-                     "sweep (exit 137); resume it with --resume")
 
 
 def start(plan: dict, config: dict) -> dict:
@@ -219,6 +211,8 @@ def run_block(config: dict, role, world, info: dict) -> str:
 
     s = config["search"]
     obj = objective.parse(config)
+    if s["elastic"]:
+        elastic.returning_errors(world)  # the communicators split from it inherit it
     block_comm = world.Split(role.block, role.block_rank)
     workers = world.Split(1, world.Get_rank())  # everyone but the coordinator (color 0)
     local = workers.Split_type(mcomm.mpi().COMM_TYPE_SHARED, key=workers.Get_rank())
@@ -231,6 +225,23 @@ def run_block(config: dict, role, world, info: dict) -> str:
     # device binding follows the node-local rank among all workers, not within a fold
     ctx = mcomm.Context(comm=fold_comm, local_comm=local)
     mcomm.gpus_are_per_task(ctx)  # the one collective on the node, while every block is here
+    try:
+        serve_trials(config, role, world, info, obj, block_comm, fold_comm, ctx, my_folds)
+    except Exception as err:  # noqa: BLE001 - only MPI's report of a lost rank is handled
+        if not (s["elastic"] and is_failure(err)):
+            raise
+        # a rank lost (the coordinator, or one of this block's): the block retires
+        elastic.retire(world, [block_comm, fold_comm], role.block_rank == 0, role.block,
+                       info.get("hosts"), TAG_BLOCK)
+    return "gpu" if str(ctx.device).startswith("cuda") else "cpu"
+
+
+def serve_trials(config, role, world, info, obj, block_comm, fold_comm, ctx, my_folds) -> None:
+    """The block's loop: its leader asks the coordinator for a trial, the block trains it
+    (each fold of it on its fold's ranks), the leader sends the result with the next ask."""
+    from . import objective
+
+    s = config["search"]
     result = None
     while True:
         trial = None
@@ -240,7 +251,7 @@ def run_block(config: dict, role, world, info: dict) -> str:
         mcomm.wait_idle(block_comm)
         trial = block_comm.bcast(trial, root=0)
         if trial is None:
-            return "gpu" if str(ctx.device).startswith("cuda") else "cpu"
+            return
         folds = []
         for fold in my_folds:
             out = os.path.join(info["output"], "trials", trial["key"], f"fold{fold}")
@@ -368,6 +379,10 @@ def main(argv=None) -> int:
 
         startup = world.gather(process_age(), root=0)
         launched_at = time.monotonic()
+        if config["search"]["elastic"]:  # a lost rank's host, named by the one who sees it
+            import socket
+
+            info["hosts"] = world.allgather(socket.gethostname())
     except Exception as err:  # mpilearn's own errors become statuses; others abort the job
         return preempt.leave(exit_status(err, ctx.rank))
     s = config["search"]
@@ -375,6 +390,8 @@ def main(argv=None) -> int:
     role = layout.role(world.Get_rank(), world.Get_size(), s["blocks"], s["folds"],
                        s["ranks_per_fold"], s["fold_mode"])
     if role.coordinator:
+        if s["elastic"]:
+            elastic.returning_errors(world)
         world.Split(mcomm.mpi().UNDEFINED, 0)  # block communicators: not ours
         world.Split(0, 0)                       # the workers' communicator: not ours
         from .journal import Journal
@@ -386,13 +403,22 @@ def main(argv=None) -> int:
                                   progress=not args.no_progress, pruner=planned["pruner"],
                                   objective=obj, warm_start=planned["warm_start"],
                                   config_id=info["config"],
-                                  launch={"ranks": world.Get_size(), "startup_s": startup})
+                                  launch={"ranks": world.Get_size(), "startup_s": startup},
+                                  elastic={"width": layout.sweep_width(config),
+                                           "hosts": info["hosts"]} if s["elastic"] else None)
         state = coordinator.run()
         print(summary(state, obj, coordinator, info["output"]), flush=True)
         failure = no_success(state, info["output"])
         device = "cpu"  # the coordinator holds no device
     else:
         device = run_block(config, role, world, info)
+    if s["elastic"]:  # the survivors of any lost rank go on as the job from here
+        hosts = info["hosts"]
+        world, coordinator_kept = elastic.survivors(ctx, world)
+        if not coordinator_kept:
+            if world.Get_rank() == 0:
+                print(elastic.coordinator_lost_line(hosts[0], info["output"]), flush=True)
+            return mcomm.leaving(preempt.leave(elastic.COORDINATOR_LOST_EXIT))
     # every rank leaves with the same status: 75 (requeue me) if any rank saw a stop signal
     stopped = world.allreduce(preempt.mask(), op=mcomm.mpi().BOR)
     devices = world.gather(device, root=0)
@@ -407,10 +433,11 @@ def main(argv=None) -> int:
         print(f"mpilearn: stopped by {preempt.describe(stopped)}; checkpoint {journal} (each "
               "interrupted fold has its own); continue with --resume auto", flush=True)
     if stopped:
-        return preempt.leave()
+        return mcomm.leaving(preempt.leave())
     failure = world.bcast(failure, root=0)  # every rank leaves with the status
     # decided: a stop signal during the exit must not turn it into 75 (preempt.leave)
-    return preempt.leave(exit_status(SweepFailed(failure), ctx.rank) if failure else 0)
+    return mcomm.leaving(preempt.leave(exit_status(SweepFailed(failure), world.Get_rank())
+                                       if failure else 0))
 
 
 if __name__ == "__main__":
