@@ -137,6 +137,51 @@ def test_mpirun_sweep_inside_the_allocation_survives_a_requeue(slurm, toy_file, 
     assert "sweep stopped" in log and "sweep finished: 4 trials (4 done" in log
 
 
+def rank_pid(marker: str, rank: int, timeout: float = 180) -> int:
+    """The pid of world rank ``rank`` of the job whose environment holds ``marker``."""
+    want = f"OMPI_COMM_WORLD_RANK={rank}".encode()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                env = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+            except OSError:
+                continue
+            if marker.encode() in env and want in env:
+                return int(pid)
+        time.sleep(0.2)
+    raise AssertionError(f"rank {rank} never started")
+
+
+def test_a_sweep_whose_rank_was_killed_requeues_itself_and_finishes(slurm, toy_file, tmp_path):
+    """kill -9 of a block rank mid-trial (as the OOM killer does) without ULFM: the whole job
+    ends, the script requeues it (a crash, within max_restarts), and the sweep resumes from its
+    journal to exactly its budget."""
+    base = yaml.safe_load(open(os.path.join(REPO, "jobs", "hpo-mlp.yaml")))
+    cfg = {"model": f"{TESTS}/models/slow.py", "hparams": {"sleep": 0.1},
+           "data": {"files": [toy_file]}, "train": {"epochs": 4, "batch_size": 64},
+           "search": {**base["search"], "budget": 4}}
+    path = tmp_path / "hpo.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    out = tmp_path / "sweep"
+    marker = f"MPILEARN_TEST_MARK={tmp_path}"
+    job = submit(slurm, tmp_path, "hpo-mpirun.sbatch", str(path), str(out),
+                 env={"MPILEARN_TEST_MARK": str(tmp_path)})
+    victim = rank_pid(marker, 1)
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and not list(out.glob("trials/*/fold*/metrics.jsonl")):
+        time.sleep(0.2)
+    os.kill(victim, 9)
+    slurm.skip_requeue_hold(job)
+    info = slurm.wait(job, timeout=400)
+    log = log_of(tmp_path, job)
+    assert info["JobState"] == "COMPLETED" and info["Restarts"] == "1", log + slurm.logs()
+    assert "restart 1 of at most 3 after a crash: requeueing job" in log, log
+    events = read_jsonl(str(out / "journal.jsonl"))
+    done = [r["key"] for r in events if r["event"] == "done"]
+    assert len(done) == 4 and len(set(done)) == 4, log
+
+
 def test_scancel_stops_for_good_one_writer_and_a_preempted_job_resumes(slurm, toy_file, tmp_path):
     """One run directory, three jobs: a second job submitted while the first trains exits 2
     naming it; a plain scancel leaves the first CANCELLED (not requeued) with one line and a
