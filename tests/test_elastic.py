@@ -136,3 +136,50 @@ def test_the_3dgan_survives_a_kill9_equal_to_its_replay_to_float_rounding(shower
     for name in want["models"]:  # the generator and the discriminator
         for k, v in want["models"][name].items():
             torch.testing.assert_close(got["models"][name][k], v)
+
+
+GROW_AT = 30  # steps at np=2 before the growth (8 * 30 events leave 60 batches of 12)
+ONE_EPOCH = ("--set", "train.epochs=1")  # enough to see every event once, and cheaper
+
+
+@pytest.fixture(scope="session")
+def grow_replay(toy_file, tmp_path_factory):
+    """Stopped by a signal after exactly GROW_AT steps at np=2, resumed at np=3."""
+    def train(folder):
+        out = str(folder / "run")
+        stop = mpirun(2, args(toy_file, out, *ONE_EPOCH),
+                      env={"MPILEARN_TEST_STOP": str(GROW_AT)})
+        assert stop.returncode == 75, stop.stderr
+        proc = mpirun(3, args(toy_file, out, *ONE_EPOCH, "--resume"))
+        assert proc.returncode == 0, proc.stderr
+
+    return str(shared(tmp_path_factory, "elastic-grow-replay", train) / "run")
+
+
+def test_growth_from_2_to_3_ranks_through_a_discovery_script(toy_file, tmp_path, grow_replay):
+    hosts = tmp_path / "hosts"
+    hosts.write_text("localhost:2\n")
+    script = tmp_path / "discover.sh"
+    script.write_text(f"#!/bin/sh\ncat {hosts}\n")
+    script.chmod(0o755)
+    out = str(tmp_path / "run")
+    proc = subprocess.run(
+        [sys.executable, "-m", "mpilearn.run", "-np", "2", "--min-np", "2", "--max-np", "3",
+         "--host-discovery-script", str(script), sys.executable,
+         *args(toy_file, out, *ONE_EPOCH)],
+        capture_output=True, text=True, timeout=300, cwd=REPO,
+        env={**ENV, "MPILEARN_DISCOVERY_INTERVAL": "0.5",
+             "MPILEARN_TEST_GROW": f"{GROW_AT}:{hosts}:localhost:3"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert " --with-ft ulfm " in proc.stderr  # the ULFM mode (its command line)
+    assert proc.stderr.count("mpilearn-run: growing from 2 to 3 ranks on localhost:3") == 1
+    assert "stopped by the host discovery script (3 slots: growing to 3 ranks)" in proc.stdout
+    records = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
+    change = [r for r in records if "membership" in r]
+    assert len(change) == 1 and change[0]["membership"]["old_size"] == 2
+    assert change[0]["membership"]["ranks"] == 3 and change[0]["step"] == GROW_AT
+    assert change[0]["position"] == 8 * GROW_AT and change[0]["global_batch"] == 12
+    model = final_model(out)
+    assert sorted(model["seen"].unique().tolist()) == [0.0, 1.0]
+    assert int((model["seen"] == 1).sum()) == 960
+    assert_same(model, final_model(grow_replay))

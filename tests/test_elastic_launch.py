@@ -8,7 +8,8 @@ import sys
 import pytest
 
 from conftest import ENV, REPO, TESTS
-from mpilearn.cluster.run import honest_status
+from mpilearn.cluster.discovery import Growth
+from mpilearn.cluster.run import grow_loop, honest_status
 
 
 def run(*argv, env=None, timeout=120):
@@ -65,3 +66,35 @@ def test_relaunch_leaves_out_a_host_whose_ranks_failed_twice(tmp_path):
     assert proc.stderr.count("relaunching from the newest checkpoint") == 1
     assert f"mpilearn-run: leaving out {host} (ranks there failed twice); 0 rank(s)" in proc.stderr
     assert "fewer than --min-np 1 ranks left; giving up" in proc.stderr
+
+
+def test_growth_asks_the_discovery_script_and_relaunches_larger_with_resume(tmp_path):
+    hosts = tmp_path / "hosts"
+    hosts.write_text("a:2\n")
+    script = tmp_path / "discover.sh"
+    script.write_text(f"#!/bin/sh\ncat {hosts}\n")
+    script.chmod(0o755)
+    growth = Growth(str(script), ranks=2, max_ranks=3, interval=0)
+    assert growth.poll() is None  # no more slots than ranks
+    hosts.write_text("")  # a script that prints no host does not end the job
+    assert growth.poll() is None and growth.target is None
+    hosts.write_text("a:2\nb:4\n")
+    assert growth.poll() == "the host discovery script (6 slots: growing to 3 ranks)"
+    assert growth.target == (3, [("a", 2), ("b", 4)])
+
+    def command(np_, hosts_):
+        return ["mpirun", "-np", str(np_), "python", "-m", "mpilearn.train"]
+
+    launches = []
+
+    def run_once(cmd, ranks, hosts_):  # the job: stopped for growth once (75), then done
+        launches.append((cmd, ranks))
+        return 75 if len(launches) == 1 else 0
+
+    assert grow_loop(command(2, None), 2, growth, command, run_once) == 0
+    assert launches[1] == (command(3, None) + ["--resume", "auto"], 3)
+    # a person's stop signal during the growth's stop ends the job (75), no relaunch
+    growth.target, growth.interrupted = (4, [("a", 4)]), True
+    launches.clear()
+    assert grow_loop(command(3, None), 3, growth, command, run_once) == 75
+    assert len(launches) == 1

@@ -19,6 +19,8 @@ import subprocess
 import sys
 from typing import List, Optional, Tuple
 
+from .discovery import Growth, discover_hosts
+
 FORWARDED = ("PATH", "PYTHONPATH", "LD_LIBRARY_PATH")
 FORWARDED_PREFIXES = ("MPILEARN_", "OMP_", "NCCL_", "CUDA_", "HOROVOD_", "KERAS_", "TF_")
 
@@ -169,10 +171,37 @@ def main(argv=None) -> int:
         sys.stderr.write(f"mpilearn-run: error: {cmd[0]} not found on PATH\n")
         return 2
     os.environ.update(env)  # the ranks inherit the elastic bounds
-    if mode == "relaunch":
-        return relaunch(cmd, cmd[0] == "mpirun" and "-np" in cmd, args.np, args.max_restarts,
-                        hosts, args.min_np, rebuild)
-    return launch(cmd, cmd[0] == "mpirun" and "-np" in cmd, args.np)
+    growth = None
+    if mode is not None and args.host_discovery_script:
+        growth = Growth(args.host_discovery_script, args.np, args.max_np)
+    return grow_loop(cmd, args.np, growth, rebuild, lambda cmd_, np_, hosts_: (
+        relaunch(cmd_, cmd_[0] == "mpirun" and "-np" in cmd_, np_, args.max_restarts, hosts_,
+                 args.min_np, rebuild, growth) if mode == "relaunch" else
+        launch(cmd_, cmd_[0] == "mpirun" and "-np" in cmd_, np_, growth=growth)), hosts)
+
+
+def grow_loop(cmd, ranks, growth, rebuild, run_once, hosts=None) -> int:
+    """The job, and again at a larger size each time the discovery script offers more slots
+    (``growth``; the ranks stopped at a step boundary with a checkpoint, status 75)."""
+    while True:
+        rc = run_once(cmd, ranks, hosts)
+        if growth is None or growth.target is None or growth.interrupted or rc != 75:
+            return rc
+        old, (ranks, hosts) = ranks, growth.target
+        growth.ranks = ranks
+        growth.started()
+        cmd = with_resume(rebuild(ranks, hosts))
+        sys.stderr.write(f"mpilearn-run: growing from {old} to {ranks} ranks on "
+                         f"{','.join(f'{h}:{n}' for h, n in hosts)} (the host discovery script); "
+                         "relaunching from the checkpoint of the stop\n")
+        sys.stderr.flush()
+
+
+def with_resume(cmd: List[str]) -> List[str]:
+    """An mpilearn.train command that continues from the newest checkpoint."""
+    if "mpilearn.train" in cmd and "--resume" not in cmd:
+        return cmd + ["--resume", "auto"]
+    return cmd
 
 
 def check_elastic(args) -> None:
@@ -187,22 +216,6 @@ def check_elastic(args) -> None:
         raise ValueError(f"--max-np {args.max_np} is below -np {args.np}")
     if args.max_restarts < 0:
         raise ValueError(f"--max-restarts must be at least 0, not {args.max_restarts}")
-
-
-def discover_hosts(script: str) -> List[Tuple[str, int]]:
-    """horovodrun's discovery script: it prints the available hosts, ``host:slots`` a line."""
-    try:
-        out = subprocess.run([script], capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.SubprocessError) as err:
-        raise ValueError(f"--host-discovery-script {script}: {err}") from None
-    if out.returncode != 0:
-        raise ValueError(f"--host-discovery-script {script} exited {out.returncode}: "
-                         f"{out.stderr.strip()[:200]}")
-    hosts = [h for line in out.stdout.splitlines() if line.strip()
-             for h in parse_hosts(line.strip())]
-    if not hosts:
-        raise ValueError(f"--host-discovery-script {script} printed no host")
-    return hosts
 
 
 MODE_ENV = "MPILEARN_ELASTIC_MODE"  # ulfm | relaunch: overrides the launcher's default
@@ -232,7 +245,7 @@ NOT_RETRIED = (0, 2, 75)
 
 def relaunch(cmd: List[str], open_mpi: bool, ranks: int, restarts: int,
              hosts: Optional[List[Tuple[str, int]]] = None, min_ranks: int = 1,
-             rebuild=None) -> int:
+             rebuild=None, growth: Optional[Growth] = None) -> int:
     """Relaunch mode: a job that crashed runs again from its newest checkpoint (``--resume
     auto`` is added to an mpilearn.train command that has no ``--resume``), up to
     ``restarts`` times; success, bad input (2) and a stop signal (75) are final. A host on
@@ -240,7 +253,7 @@ def relaunch(cmd: List[str], open_mpi: bool, ranks: int, restarts: int,
     makes the command), with fewer ranks where its slots are missing, down to ``min_ranks``."""
     failures: collections.Counter = collections.Counter()
     aborted: list = []
-    rc = launch(cmd, open_mpi, ranks, aborted)
+    rc = launch(cmd, open_mpi, ranks, aborted, growth)
     for attempt in range(1, restarts + 1):
         if rc in NOT_RETRIED:
             return rc
@@ -257,13 +270,14 @@ def relaunch(cmd: List[str], open_mpi: bool, ranks: int, restarts: int,
                                  "giving up\n")
                 return rc
             cmd = rebuild(ranks, hosts)
-        if "mpilearn.train" in cmd and "--resume" not in cmd:
-            cmd = cmd + ["--resume", "auto"]
+        cmd = with_resume(cmd)
         sys.stderr.write(f"mpilearn-run: the job failed (exit {rc}); relaunching from the "
                          f"newest checkpoint (restart {attempt} of {restarts})\n")
         sys.stderr.flush()
         aborted = []
-        rc = launch(cmd, open_mpi, ranks, aborted)
+        if growth is not None:
+            growth.started()
+        rc = launch(cmd, open_mpi, ranks, aborted, growth)
     if rc not in NOT_RETRIED:
         sys.stderr.write(f"mpilearn-run: the job failed (exit {rc}) after {restarts} "
                          "restart(s); giving up\n")
@@ -297,7 +311,8 @@ READY_WAIT = 10.0  # seconds a stop signal waits for ranks not yet seen listenin
 ABORT_GRACE = float(os.environ.get("MPILEARN_ABORT_GRACE", "10"))
 
 
-def launch(cmd: List[str], open_mpi: bool, ranks: int = 1, aborted: Optional[list] = None) -> int:
+def launch(cmd: List[str], open_mpi: bool, ranks: int = 1, aborted: Optional[list] = None,
+           growth: Optional[Growth] = None) -> int:
     """Runs the launcher; SIGINT/SIGTERM/SIGHUP to this process (Ctrl-C, ``kill``) reach
     the ranks as a SIGUSR1, which every launcher forwards and none turns into a kill (Open MPI's
     ``mpirun`` SIGKILLs the ranks 0.5 s after a SIGTERM or SIGINT), with the original signal's
@@ -312,7 +327,10 @@ def launch(cmd: List[str], open_mpi: bool, ranks: int = 1, aborted: Optional[lis
     that a forwarded SIGUSR1 killed anyway ends with one line and status 75 here.
 
     Ranks that abort record it in a status file (``comm.record_abort``; appended to
-    ``aborted`` as (rank, code, host)): the status is then never 0."""
+    ``aborted`` as (rank, code, host)): the status is then never 0.
+
+    ``growth`` (an elastic job with a discovery script) is polled once the ranks listen; when
+    it offers more slots the job is stopped as by a signal, its reason in the note."""
     import glob
     import signal
     import tempfile
@@ -372,12 +390,20 @@ def launch(cmd: List[str], open_mpi: bool, ranks: int = 1, aborted: Optional[lis
                 child.wait()
                 killed = True
                 break
-            if held and (len(glob.glob(glob.escape(note) + ".*")) >= ranks
-                         or time.monotonic() - held[0] > READY_WAIT):
+            listening = len(glob.glob(glob.escape(note) + ".*")) >= ranks
+            if growth is not None and not seen and not held and listening:
+                reason = growth.poll()
+                if reason:  # stopped at the next step boundary, then relaunched larger
+                    with open(note, "w") as f:
+                        f.write(reason + "\n")
+                    held.append(time.monotonic())
+            if held and (listening or time.monotonic() - held[0] > READY_WAIT):
                 held.clear()
                 child.send_signal(signal.SIGUSR1)
             time.sleep(0.05)
         rc = child.returncode
+        if growth is not None:
+            growth.interrupted = bool(seen)
         recorded = aborted_ranks(status)
         if aborted is not None:
             aborted.extend(recorded)

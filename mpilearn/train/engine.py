@@ -253,6 +253,12 @@ class Trainer:
             ckpt.set_rng_state(rngs[self.ctx.rank])
         elif self.ctx.rank == 0:
             print(self._resize_line(saved_global, saved_ranks), flush=True)
+            if self.membership is not None:  # an elastic job relaunched at another size (grown)
+                append_jsonl(self.metrics_path, {
+                    "epoch": self.epoch + 1, "step": self.global_step,
+                    "membership": {"old_size": saved_ranks, "ranks": self.ctx.size,
+                                   "relaunched": True},
+                    "position": self.position, "global_batch": self.loader.global_batch})
         if self.ctx.rank == 0:
             print(f"mpilearn: resumed from {path} (epoch {self.epoch}, step {self.step_in_epoch})",
                   flush=True)

@@ -2,13 +2,18 @@
 is in the weights and compared with them), for elastic and resume tests.
 
 ``MPILEARN_TEST_KILL=R:S``: world rank R (or each of R1,R2,...: a node's ranks) kills itself
-with SIGKILL as it starts its step S+1 (after S applied steps); ``MPILEARN_TEST_STOP=S``: every rank sends itself SIGTERM after its
-step S, so the run stops at exactly that step (the replay of an elastic run). Environment, not
+with SIGKILL as it starts its step S+1 (after S applied steps); ``MPILEARN_TEST_STOP=S``: every
+rank sends itself SIGTERM after its step S, so the run stops at exactly that step (the replay of
+an elastic run);
+``MPILEARN_TEST_GROW=S:FILE:TEXT``: after step S, world rank 0 writes TEXT (a discovery
+script's answer) to FILE, if it holds anything else, and waits for the stop signal that
+mpilearn-run sends when it sees the new hosts: the growth lands on step S. Environment, not
 hparams: the runs compared keep one config."""
 import faulthandler
 import os
 import signal
 import sys
+import time
 
 import numpy as np
 import torch
@@ -32,6 +37,7 @@ def arm(task):
     victims, _, kill_step = os.environ.get("MPILEARN_TEST_KILL", "").partition(":")
     kill = ({int(r) for r in victims.split(",")}, int(kill_step)) if kill_step else None
     stop = _env_steps("MPILEARN_TEST_STOP")
+    grow = os.environ.get("MPILEARN_TEST_GROW", "").split(":", 2)
     steps = [0]
 
     def train_step(batch):
@@ -41,16 +47,34 @@ def arm(task):
         steps[0] += 1
         if stop and steps[0] == stop[0]:
             os.kill(os.getpid(), signal.SIGTERM)
+        if len(grow) == 3 and steps[0] == int(grow[0]) \
+                and mcomm.mpi().COMM_WORLD.Get_rank() == 0 and _offer(grow[1], grow[2]):
+            from mpilearn.cluster import preempt
+
+            deadline = time.monotonic() + 60
+            while preempt.requested() is None and time.monotonic() < deadline:
+                time.sleep(0.05)
         return losses
 
     task.train_step = train_step
     return task
 
 
+def _offer(path, text):
+    """Writes the discovery script's new answer; False if it was given already (a relaunch)."""
+    with open(path) as f:
+        if f.read().strip() == text:
+            return False
+    with open(path, "w") as f:
+        f.write(text + "\n")
+    return True
+
+
 def build(hparams):
     from mpilearn.core import comm as mcomm
 
-    faulthandler.register(signal.SIGUSR1, all_threads=True)  # where a hung rank waits
+    # where a hung rank waits (kill -USR2); SIGUSR1 is the stop signal mpilearn-run forwards
+    faulthandler.register(signal.SIGUSR2, all_threads=True)
 
     hp = {**DEFAULTS, **hparams}
     task = slow64.build({k: v for k, v in hp.items() if k != "events"})
