@@ -33,6 +33,11 @@ Reported per worker count and searcher (mean over seeds; regret: median over see
   half hanging for the watchdog's time (``mpilearn.hpo.simulate``); utilisation is then that
   of the surviving capacity (a vanished block's time ends at its failure; the lost part of a
   trial counts as idle), beside the trials interrupted and lost (budget - distinct trials done).
+- idle: where the rest of the capacity went, as shares of it (``idle_shares``): waiting for
+  a model point (queued), for an answer given at once (dispatch), for a release (the spare
+  held back after the budget is handed out, the sweep's end), the lost part of failed
+  trials, the hangs until the watchdog's reset. Time is real (wall-clock): a loaded machine
+  shows up as model and dispatch waits, so compare rows run on the same quiet machine.
 Writes bench/results/hpo_scale.{json,md,png}.
 """
 import argparse

@@ -25,6 +25,9 @@ others vanish: they report the loss (what ULFM's failure notice tells the coordi
 never ask again. Either way the coordinator journals the trial as interrupted and gives it to
 the next block that asks (``Coordinator.lose``). The lost part of the trial counts as idle
 time, and a vanished block's capacity ends at its failure ("surviving capacity").
+``idle_parts_s`` in sim.json says where the idle capacity went (block-seconds; with the
+trials' time they add up to the windows): waits for a trial, waits for a release (a spare
+held back, the sweep's end), the lost part of failed trials and the hangs' watchdog time.
 
 Time is real (wall-clock), not virtual: the coordinator's group commits, the model thread and
 the GIL compete as they do in a sweep. Short trials therefore test the coordinator harder
