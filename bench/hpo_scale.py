@@ -33,6 +33,11 @@ Reported per worker count and searcher (mean over seeds; regret: median over see
   half hanging for the watchdog's time (``mpilearn.hpo.simulate``); utilisation is then that
   of the surviving capacity (a vanished block's time ends at its failure; the lost part of a
   trial counts as idle), beside the trials interrupted and lost (budget - distinct trials done).
+- idle: where the rest of the capacity went, as shares of it (``idle_shares``): waiting for
+  a model point (queued), for an answer given at once (dispatch), for a release (the spare
+  held back after the budget is handed out, the sweep's end), the lost part of failed
+  trials, the hangs until the watchdog's reset. Time is real (wall-clock): a loaded machine
+  shows up as model and dispatch waits, so compare rows run on the same quiet machine.
 Writes bench/results/hpo_scale.{json,md,png}.
 """
 import argparse
@@ -138,7 +143,7 @@ def metrics(out):
     at_once, waited = lat[~queued], lat[queued]
     done = {e["key"] for e in journal if e["event"] == "done"}
     budget = len(sim["busy_s"]) * sim["evals_per_worker"]
-    return {"utilisation": float(busy.sum() / window.sum()),
+    return {"utilisation": float(busy.sum() / window.sum()), **idle_shares(sim, window.sum()),
             "failed_blocks": len(sim.get("lost", [])),
             "interrupted": sum(e["event"] == "interrupted" for e in journal),
             "lost_trials": budget - len(done), "exact_budget": len(trials) == budget,
@@ -159,6 +164,29 @@ def metrics(out):
             "coordinator_process_cpu_s": sim["process_cpu_s"]}
 
 
+def idle_shares(sim, capacity):
+    """Where the idle part of the capacity went, each as a share of it (they add up to
+    1 - utilisation, less ``idle_rest``): blocks waiting for a model point being computed (the
+    coordinator's queued answers), for an answer given at once (decision, group commit,
+    messages, the simulator's lag), for a release (a spare held back, the sweep's end), the
+    lost part of failed trials, and the hangs until the watchdog's reset."""
+    parts = sim.get("idle_parts_s", {})
+    lat = np.array(sim["latency_s"])
+    model = float(lat[np.array(sim["queued"], dtype=bool)].sum()) if lat.size else 0.0
+    out = {"idle_model_wait": model, "idle_dispatch": parts.get("trial_wait_s", 0.0) - model,
+           "idle_release_wait": parts.get("release_wait_s", 0.0),
+           "idle_lost_work": parts.get("lost_work_s", 0.0), "idle_hang": parts.get("hang_s", 0.0)}
+    out = {k: v / capacity for k, v in out.items()}
+    busy = float(np.sum(sim["busy_s"]))
+    out["idle_rest"] = 1 - busy / capacity - sum(out.values())
+    return out
+
+
+IDLE = (("idle_model_wait", "model"), ("idle_dispatch", "dispatch"),
+        ("idle_release_wait", "release/spare"), ("idle_lost_work", "lost work"),
+        ("idle_hang", "hang"))
+
+
 def table(rows, sizes, searchers, seeds):
     md = [f"Hartmann-6 + noise (sd 0.1), 10 evaluations per worker, {len(seeds)} seed(s); "
           "regret: median over seeds after all evaluations (noise-free value of the best point "
@@ -170,8 +198,8 @@ def table(rows, sizes, searchers, seeds):
           "| workers | trial median | searcher | failing blocks: interrupted, lost trials, "
           "exact budget | utilisation (min worker) | model share | regret | "
           "decision p50 / p95 (ms) | queued share, p95 (ms) | CPU per decision p50 / p95 (ms) | "
-          "block wait p95 (ms) | wall (s) |",
-          "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+          "block wait p95 (ms) | wall (s) | idle: " + ", ".join(n for _, n in IDLE) + " |",
+          "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     fails = sorted({r.get("fail", 0.0) for r in rows})
     for w, s, fail in [(w, s, f) for w in sizes for s in searchers for f in fails]:
         runs = [r for r in rows if r["workers"] == w and r["searcher"] == s
@@ -192,7 +220,8 @@ def table(rows, sizes, searchers, seeds):
             f"{mean('decision_p50_ms'):.1f} / {mean('decision_p95_ms'):.1f} | "
             f"{mean('queued_share'):.1%}, {mean('queued_p95_ms'):.0f} | "
             f"{mean('cpu_per_decision_p50_ms'):.2f} / {mean('cpu_per_decision_p95_ms'):.2f} | "
-            f"{mean('block_wait_p95_ms'):.0f} | {mean('wall_s'):.0f} |")
+            f"{mean('block_wait_p95_ms'):.0f} | {mean('wall_s'):.0f} | "
+            + ", ".join(f"{mean(k):.2%}" for k, _ in IDLE) + " |")
     return md
 
 

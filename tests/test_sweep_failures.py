@@ -38,3 +38,9 @@ def test_vanishing_and_hanging_blocks_lose_no_trial(tmp_path):
         gone = max(i for i, e in enumerate(events)
                    if e["event"] == "interrupted" and e["block"] == block)
         assert not [e for e in events[gone:] if e["event"] == "started" and e["block"] == block]
+    # where the idle capacity went: the parts and the trials' time add up to the windows, the
+    # hangs are the watchdog's time each (--hang-s: the median, 0.2 s), the lost work is some
+    parts = sim["idle_parts_s"]
+    assert abs(sum(sim["busy_s"]) + sum(parts.values()) - sum(sim["window_s"])) < 1e-6
+    assert abs(parts["hang_s"] - 0.2 * kinds.count("hang")) < 1e-6
+    assert 0 < parts["lost_work_s"] and 0 < parts["trial_wait_s"]

@@ -25,6 +25,9 @@ others vanish: they report the loss (what ULFM's failure notice tells the coordi
 never ask again. Either way the coordinator journals the trial as interrupted and gives it to
 the next block that asks (``Coordinator.lose``). The lost part of the trial counts as idle
 time, and a vanished block's capacity ends at its failure ("surviving capacity").
+``idle_parts_s`` in sim.json says where the idle capacity went (block-seconds; with the
+trials' time they add up to the windows): waits for a trial, waits for a release (a spare
+held back, the sweep's end), the lost part of failed trials and the hangs' watchdog time.
 
 Time is real (wall-clock), not virtual: the coordinator's group commits, the model thread and
 the GIL compete as they do in a sweep. Short trials therefore test the coordinator harder
@@ -87,6 +90,8 @@ def play(comm, workers: int, problem: str, seed: int, median_s: float, sigma: fl
     busy, window = np.zeros(workers), np.zeros(workers)
     trials = []                 # per finished trial: trial number, end (s), true value
     waits = []                  # per answer: seconds from the request (or trial end) to it
+    # where the blocks' idle time went (block-seconds): with busy, they add up to the windows
+    gaps = {"trial_wait_s": 0.0, "release_wait_s": 0.0, "lost_work_s": 0.0, "hang_s": 0.0}
     for block in range(workers):
         comm.send({"block": block, "result": None}, dest=0, tag=TAG_BLOCK)
         asking[block] = start
@@ -99,6 +104,7 @@ def play(comm, workers: int, problem: str, seed: int, median_s: float, sigma: fl
                 block, since = next(iter(asking.items()))
                 del asking[block]
                 waits.append(now - since)
+                gaps["release_wait_s"] += now - since  # a spare held, or the sweep's end
                 window[block] = now - start
                 continue
             block = trial["block"]
@@ -110,13 +116,14 @@ def play(comm, workers: int, problem: str, seed: int, median_s: float, sigma: fl
                 window[other], window[block] = window[block], 0.0
                 asking[block] = asking.pop(other)
             waits.append(now - asking.pop(block))
+            gaps["trial_wait_s"] += waits[-1]
             seconds = duration(seed, trial["trial"], median_s, sigma)
             nth, at, kind = fail.get(block, (-1, 0.0, ""))
             if started[block] == nth:  # this one fails part-way: its report comes then
                 del fail[block]
                 part = at * seconds
                 end = now + part + (hang_s if kind == "hang" else 0.0)
-                heapq.heappush(running, (end, block, {**trial, "fails": kind}, part))
+                heapq.heappush(running, (end, block, {**trial, "fails": kind, "began": now}, part))
             else:
                 heapq.heappush(running, (now + seconds, block, trial, seconds))
             started[block] += 1
@@ -126,6 +133,8 @@ def play(comm, workers: int, problem: str, seed: int, median_s: float, sigma: fl
             end, block, trial, seconds = heapq.heappop(running)
             if trial.get("fails"):  # the work done is lost: not busy time
                 kind = trial["fails"]
+                gaps["lost_work_s"] += seconds
+                gaps["hang_s"] += end - trial["began"] - seconds  # the watchdog's wait
                 lost.append((block, kind, trial["trial"]))
                 reason = ("stuck: no progress for the watchdog's time (simulated)"
                           if kind == "hang" else "rank 0 of the block lost (simulated)")
@@ -149,7 +158,7 @@ def play(comm, workers: int, problem: str, seed: int, median_s: float, sigma: fl
             nxt = running[0][0] - time.perf_counter() if running else 0.0005
             time.sleep(min(max(nxt, 0.0), 0.0005))
     return {"busy_s": busy.tolist(), "window_s": window.tolist(), "trials": trials, "wait_s": waits,
-            "wall_s": time.perf_counter() - start, "lost": lost}
+            "wall_s": time.perf_counter() - start, "lost": lost, "idle_parts_s": gaps}
 
 
 def coordinate(comm, searcher, journal_path: str, workers: int, budget: int) -> dict:
