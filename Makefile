@@ -127,6 +127,12 @@ $(HVD_STAMP): $(STAMP)
 	fi; \
 	$(BIN)/pip install -q --no-deps $$dir/horovod-0.28.1-*.whl; \
 	$(BIN)/pip install -q cloudpickle psutil pyyaml packaging cffi
+	# Horovod's own examples (the elastic tests run them from here, never copied into this repo);
+	# its TF2 ones are Keras 2 scripts (opt.lr): tf_keras of the installed TensorFlow runs them
+	@if [ ! -d $(HVD_CACHE)/src/examples ]; then \
+	  git clone -q --depth 1 --branch v0.28.1 https://github.com/horovod/horovod $(HVD_CACHE)/src; fi
+	@tf=$$($(BIN)/python -c 'import tensorflow as tf; print(tf.__version__)' 2>/dev/null) && \
+	  $(BIN)/pip install -q --no-deps tf_keras==$$tf || true
 	$(BIN)/python -c "import horovod.torch as hvd; hvd.init(); assert hvd.mpi_built(), 'horovod without MPI'"
 	touch $@
 

@@ -9,6 +9,7 @@ import sys
 import pytest
 import torch
 
+import horovod_examples
 from conftest import ENV, REPO, TESTS, mpirun, shared, train_args
 from mpilearn.train import checkpoint as ckpt
 
@@ -122,3 +123,24 @@ def test_horovod_elastic_keras_script_survives_kill9():
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result == {"epoch": 3, "size": 2, "resets": [2], "same_weights": True,
                       "lr": pytest.approx(0.02)}
+
+
+def test_horovods_own_tf2_elastic_example_survives_kill9(tmp_path):
+    """Horovod's examples/elastic/tensorflow2/tensorflow2_synthetic_benchmark_elastic.py from
+    Horovod's checkout (`make horovod` fetches it), only its import changed, under
+    `mpilearn-run -np 2 --min-np 1`: rank 1 is killed from outside after Iter #1, rank 0
+    finishes alone. The script is Keras 2's (`opt.lr`): tf_keras, as Horovod 0.28 needs."""
+    relpath = "elastic/tensorflow2/tensorflow2_synthetic_benchmark_elastic.py"
+    if not os.path.exists(os.path.join(horovod_examples.CHECKOUT, "examples", relpath)):
+        pytest.fail(f"Horovod's checkout is not at {horovod_examples.CHECKOUT}: run `make "
+                    "horovod` (make test builds it) or set HOROVOD_SRC")
+    script = horovod_examples.example(relpath, tmp_path)
+    argv = horovod_examples.launcher(2, 1, script, "--no-cuda", "--model", "MobileNet",
+                                     "--batch-size", "2", "--num-warmup-batches", "1",
+                                     "--num-batches-per-iter", "1", "--num-iters", "4")
+    status, out = horovod_examples.run_and_kill(
+        argv, script, {**ENV, "TF_USE_LEGACY_KERAS": "1", "TF_CPP_MIN_LOG_LEVEL": "3"},
+        victim=1, when="Iter #1", timeout=240)
+    assert status == 0, out[-3000:]
+    assert out.count("hvd.elastic: lost rank 1 on ") == 1, out[-3000:]
+    assert "Iter #3:" in out and "Total img/sec on 1 CPU(s)" in out, out[-3000:]
