@@ -183,3 +183,17 @@ def test_growth_from_2_to_3_ranks_through_a_discovery_script(toy_file, tmp_path,
     assert sorted(model["seen"].unique().tolist()) == [0.0, 1.0]
     assert int((model["seen"] == 1).sum()) == 960
     assert_same(model, final_model(grow_replay))
+
+
+def test_horovod_elastic_keras_script_survives_kill9():
+    """A model.fit script written for horovod.tensorflow.keras's elastic API (KerasState, the
+    three callbacks; only its import names mpilearn): rank 1 dies mid-epoch, the two survivors
+    finish every epoch from the last commit with the same weights and the rescaled lr."""
+    proc = ulfm_run(3, [os.path.join(TESTS, "scripts", "hvd_elastic_keras.py")],
+                    {"MPILEARN_TEST_KILL": "1:3", "MPILEARN_ELASTIC_MIN_RANKS": "2",
+                     "TF_CPP_MIN_LOG_LEVEL": "3"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.count("hvd.elastic: lost rank 1 on ") == 1, proc.stdout
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result == {"epoch": 3, "size": 2, "resets": [2], "same_weights": True,
+                      "lr": pytest.approx(0.02)}

@@ -22,7 +22,12 @@ gloo_built nccl_built ddl_built ccl_built cuda_built rocm_built ProcessSet globa
 add_process_set remove_process_set Average Sum Adasum Min Max Product Compression allreduce
 grouped_allreduce allgather grouped_allgather broadcast broadcast_ alltoall reducescatter
 grouped_reducescatter join barrier broadcast_object allgather_object broadcast_variables
-broadcast_global_variables DistributedOptimizer DistributedGradientTape""".split()
+broadcast_global_variables DistributedOptimizer DistributedGradientTape elastic""".split()
+# horovod.tensorflow.elastic's and horovod.tensorflow.keras.elastic's public names
+HOROVOD_TF_ELASTIC = """run State ObjectState TensorFlowKerasState TensorFlowState
+HorovodInternalError HostsUpdatedInterrupt""".split()
+HOROVOD_KERAS_ELASTIC = """run KerasState CommitStateCallback UpdateBatchStateCallback
+UpdateEpochStateCallback""".split()
 
 
 def ok_lines(proc):
@@ -30,8 +35,10 @@ def ok_lines(proc):
 
 
 def test_every_horovod_tensorflow_name_exists():
-    code = ("import mpilearn.tensorflow as hvd; "
+    code = ("import mpilearn.tensorflow as hvd, mpilearn.tensorflow.keras as khvd; "
             f"missing = [n for n in {HOROVOD_TENSORFLOW!r} if not hasattr(hvd, n)]; "
+            f"missing += [n for n in {HOROVOD_TF_ELASTIC!r} if not hasattr(hvd.elastic, n)]; "
+            f"missing += [n for n in {HOROVOD_KERAS_ELASTIC!r} if not hasattr(khvd.elastic, n)]; "
             "print(missing); assert not missing")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           env={**ENV, **TF_ENV}, cwd=REPO, timeout=300)

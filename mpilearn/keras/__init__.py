@@ -24,7 +24,7 @@ from ..torch import (Adasum, Average, Compression, HorovodInternalError, Max, Mi
                      init, is_homogeneous, is_initialized, local_rank, local_size, mpi_built,
                      mpi_enabled, mpi_threads_supported, nccl_built, rank, remove_process_set,
                      rocm_built, shutdown, size)
-from . import callbacks
+from . import callbacks, elastic
 from .callbacks import (BroadcastGlobalVariablesCallback, LearningRateScheduleCallback,
                         LearningRateWarmupCallback, MetricAverageCallback)
 from .optimizer import DistributedOptimizer, allreduce_arrays, broadcast_variables
@@ -34,7 +34,8 @@ __all__ = ["Adasum", "Average", "Compression", "HorovodInternalError", "Max", "M
            "cuda_built", "ddl_built", "global_process_set", "gloo_built", "gloo_enabled", "init",
            "is_homogeneous", "is_initialized", "local_rank", "local_size", "mpi_built",
            "mpi_enabled", "mpi_threads_supported", "nccl_built", "rank", "remove_process_set",
-           "rocm_built", "shutdown", "size", "callbacks", "BroadcastGlobalVariablesCallback",
+           "rocm_built", "shutdown", "size", "callbacks", "elastic",
+           "BroadcastGlobalVariablesCallback",
            "LearningRateScheduleCallback", "LearningRateWarmupCallback", "MetricAverageCallback",
            "DistributedOptimizer", "allreduce", "allgather", "broadcast", "alltoall",
            "reducescatter", "grouped_allreduce", "grouped_allgather", "grouped_reducescatter",

@@ -25,6 +25,7 @@ from ..torch.basics import (ProcessSet, add_process_set, ccl_built, cross_rank, 
                             mpi_enabled, mpi_threads_supported, rank, remove_process_set,
                             shutdown, size, start_timeline, stop_timeline)
 from ..torch.engine import Adasum, Average, HorovodInternalError, Max, Min, Product, Sum
+from . import elastic
 from .compression import Compression
 from .gradients import DistributedGradientTape, DistributedOptimizer, broadcast_variables
 from .mpi_ops import (allgather, alltoall, barrier, broadcast, broadcast_, grouped_allgather,

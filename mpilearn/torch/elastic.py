@@ -70,6 +70,10 @@ class State:
     def reset(self) -> None:
         pass
 
+    def rebind(self, comm) -> None:
+        """After a loss: whatever this state holds that reduces over the old communicator
+        (a DistributedOptimizer) reduces over ``comm`` from now on."""
+
 
 class ObjectState(State):
     """Plain Python values given as keywords, kept as attributes."""
@@ -163,8 +167,12 @@ class TorchState(ObjectState):
             handlers[name] = _handler_for(value)
         object.__setattr__(self, name, value)
 
-    def optimizers(self) -> list:
-        return [h.value for h in self._handlers.values() if isinstance(h, _OptimizerHandler)]
+    def rebind(self, comm) -> None:
+        from .optimizer import rebind
+
+        for h in self._handlers.values():
+            if isinstance(h, _OptimizerHandler):
+                rebind(h.value, comm)
 
     def save(self):
         for h in self._handlers.values():
@@ -252,11 +260,18 @@ def _rebuild_world(new) -> None:
     basics.reinit(mcomm.context())
 
 
+# MPI's texts for a lost process, as they survive a framework's wrapping (TensorFlow's
+# py_function turns the Python exception into a tf.errors.UnknownError holding only its text)
+_LOSS_TEXTS = ("MPI_ERR_PROC_FAILED", "MPI_ERR_REVOKED")
+
+
 def _lost(err: BaseException) -> bool:
     """A lost process, reported by MPI directly or wrapped by a collective's handle."""
     seen = err
     while seen is not None:
         if mship.is_failure(seen) or isinstance(seen, mship.RanksLost):
+            return True
+        if any(t in str(seen) for t in _LOSS_TEXTS):
             return True
         seen = seen.__cause__ or seen.__context__
     return isinstance(err, HorovodInternalError)
@@ -282,10 +297,7 @@ def run(func):
                     raise
                 state.restore()
                 change = membership.recover()
-                for opt in state.optimizers() if hasattr(state, "optimizers") else ():
-                    from .optimizer import rebind
-
-                    rebind(opt, mcomm.context().comm)
+                state.rebind(mcomm.context().comm)
                 if basics.rank() == 0:
                     print(f"mpilearn: hvd.elastic: {change.describe()}; going on from the last "
                           "commit", flush=True)
