@@ -74,7 +74,9 @@ def elastic_run(args, data, out, env):
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
     kills = []
-    if started.wait(args.timeout):
+    while not started.wait(0.5) and job.poll() is None:  # a run that ends in start-up too
+        pass
+    if started.is_set():
         pids = rank_pids(marker)  # every rank is past its start-up once rank 0 printed
         live = sorted(pids)
         for _ in range(args.chaos_kills):
