@@ -14,7 +14,12 @@
    first step (``metrics.jsonl``), and the survivors' own revoke + shrink + agree. Work lost:
    the steps the survivors went back (at most the step in flight with a snapshot every step).
 
-Writes OUT.json and OUT.md (default bench/results/elastic).
+3. ``--chaos``: only the chaos run (``bench/elastic_chaos.py``): ``--chaos-ranks`` 8 with
+   ``train.elastic.min_ranks`` ``--chaos-min`` 4, a random live rank killed -9 from outside every
+   ``--chaos-every`` seconds (``--chaos-kills``, ``--chaos-seed``); it must finish, with weights
+   equal to the stop-and-resume replay at the recorded steps and sizes.
+
+Writes OUT.json and OUT.md (default bench/results/elastic; bench/results/elastic-chaos).
 """
 import argparse
 import json
@@ -113,7 +118,19 @@ def main():
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--kill-step", type=int, default=10)
     p.add_argument("--timeout", type=int, default=900)
+    p.add_argument("--chaos", action="store_true", help="only the chaos run")
+    p.add_argument("--chaos-ranks", type=int, default=8)
+    p.add_argument("--chaos-min", type=int, default=4)
+    p.add_argument("--chaos-kills", type=int, default=4)
+    p.add_argument("--chaos-every", default="3,6", help="seconds between kills: LOW,HIGH")
+    p.add_argument("--chaos-seed", type=int, default=0)
+    p.add_argument("--chaos-events", type=int, default=2048)
+    p.add_argument("--chaos-epochs", type=int, default=4)
+    p.add_argument("--chaos-batch", type=int, default=4)
+    p.add_argument("--chaos-sleep", type=float, default=0.1, help="pause per step (s)")
     args = p.parse_args()
+    if args.chaos:
+        return run_chaos(args)
     args.sizes = [int(x) for x in args.sizes.split(",") if x]
     args.recovery_sizes = [int(x) for x in args.recovery_sizes.split(",") if x]
     from mpilearn.data.toy import write_regression
@@ -134,6 +151,20 @@ def main():
            f"{r['shrink_agree_s']:.4f} | {r['steps_lost']} | {r['step_s']:.4f} |" for r in rec]
     md += ["", f"({time.time() - began:.0f} s in all)"]
     write(args.out, {"overhead": cost, "recovery": rec, "args": vars(args)}, md)
+
+
+def run_chaos(args):
+    import elastic_chaos
+    from mpilearn.data.toy import write_regression
+
+    args.chaos_every = tuple(float(x) for x in args.chaos_every.split(","))
+    out = args.out if args.out != os.path.join(RESULTS, "elastic") else args.out + "-chaos"
+    with tempfile.TemporaryDirectory(prefix="elastic-chaos-") as tmp:
+        data = write_regression(os.path.join(tmp, "toy.h5"), events=args.chaos_events)
+        row = elastic_chaos.chaos(args, data, tmp, {**ENV, "OMP_NUM_THREADS": "1"})
+    write(out, {"chaos": row, "args": vars(args)}, elastic_chaos.markdown(row))
+    if row["exit"] != 0 or not row["equal"] or not row["seen_exact"]:
+        raise SystemExit(1)
 
 
 if __name__ == "__main__":
