@@ -17,10 +17,22 @@ from typing import List, Optional, Tuple
 INTERVAL_ENV = "MPILEARN_DISCOVERY_INTERVAL"  # seconds between two runs of the script
 
 
+def parse_hosts(spec: str) -> List[Tuple[str, int]]:
+    """``host1:2,host2`` -> [("host1", 2), ("host2", 1)]."""
+    hosts = []
+    for part in spec.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        name, _, slots = part.partition(":")
+        if slots and not slots.isdigit():
+            raise ValueError(f"bad host entry {part!r}: expected host or host:slots")
+        hosts.append((name, int(slots or 1)))
+    return hosts
+
+
 def discover_hosts(script: str, timeout: float = 60) -> List[Tuple[str, int]]:
     """horovodrun's discovery script: it prints the available hosts, ``host:slots`` a line."""
-    from .run import parse_hosts
-
     try:
         out = subprocess.run([script], capture_output=True, text=True, timeout=timeout)
     except (OSError, subprocess.SubprocessError) as err:

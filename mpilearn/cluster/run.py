@@ -19,24 +19,10 @@ import subprocess
 import sys
 from typing import List, Optional, Tuple
 
-from .discovery import Growth, discover_hosts
+from .discovery import Growth, discover_hosts, parse_hosts
 
 FORWARDED = ("PATH", "PYTHONPATH", "LD_LIBRARY_PATH")
 FORWARDED_PREFIXES = ("MPILEARN_", "OMP_", "NCCL_", "CUDA_", "HOROVOD_", "KERAS_", "TF_")
-
-
-def parse_hosts(spec: str) -> List[Tuple[str, int]]:
-    """``host1:2,host2`` -> [("host1", 2), ("host2", 1)]."""
-    hosts = []
-    for part in spec.split(","):
-        part = part.strip()
-        if not part:
-            continue
-        name, _, slots = part.partition(":")
-        if slots and not slots.isdigit():
-            raise ValueError(f"bad host entry {part!r}: expected host or host:slots")
-        hosts.append((name, int(slots or 1)))
-    return hosts
 
 
 def read_hostfile(path: str) -> List[Tuple[str, int]]:
