@@ -84,6 +84,24 @@ def wait_until_gone(out, timeout=30):
     raise AssertionError(f"processes writing {out} still run {timeout} s after kill -9")
 
 
+def rank_pid(marker: str, rank: int, timeout: float = 180) -> int:
+    """The pid of world rank ``rank`` (Open MPI) of the job whose environment holds ``marker``
+    (``NAME=VALUE``): a rank to ``kill -9`` from outside, as a node failure or the OOM killer
+    would."""
+    want = f"OMPI_COMM_WORLD_RANK={rank}".encode()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                env = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+            except OSError:
+                continue
+            if marker.encode() in env and want in env:
+                return int(pid)
+        time.sleep(0.2)
+    raise AssertionError(f"rank {rank} never started")
+
+
 def train_args(*extra):
     return ["-m", "mpilearn.train", "--no-progress", *extra]
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 import yaml
 
-from conftest import ENV, REPO, TESTS, mpirun, train_args
+from conftest import ENV, REPO, TESTS, mpirun, rank_pid, train_args
 from mpilearn.core.io import read_jsonl
 from mpilearn.train import checkpoint as ckpt
 from slurm_cluster import Cluster, missing
@@ -64,6 +64,20 @@ def train_config(tmp_path, toy_file, **train):
     return str(path)
 
 
+def sweep_config(tmp_path, toy_file):
+    """jobs/hpo-mlp.yaml's layout (2 blocks x 2 folds + coordinator = 5 ranks), budget 4, on
+    the slow MLP. 8 steps of 0.1 s an epoch: after the first epoch's metrics appear, three more
+    epochs leave a signal or a kill time to reach the ranks while the first trials are still
+    in flight."""
+    base = yaml.safe_load(open(os.path.join(REPO, "jobs", "hpo-mlp.yaml")))
+    cfg = {"model": f"{TESTS}/models/slow.py", "hparams": {"sleep": 0.1},
+           "data": {"files": [toy_file]}, "train": {"epochs": 4, "batch_size": 64},
+           "search": {**base["search"], "budget": 4}}
+    path = tmp_path / "hpo.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
 def test_srun_training_job_as_a_chain_of_two(slurm, toy_file, tmp_path):
     """jobs/chain.sh: link 1 trains (srun, 2 tasks); link 2 starts after it, finds the run
     finished and exits at once."""
@@ -110,15 +124,7 @@ def test_requeued_training_job_ends_where_an_uninterrupted_run_ends(slurm, toy_f
 
 
 def test_mpirun_sweep_inside_the_allocation_survives_a_requeue(slurm, toy_file, tmp_path):
-    # the layout of jobs/hpo-mlp.yaml (2 blocks x 2 folds + coordinator = 5 ranks)
-    base = yaml.safe_load(open(os.path.join(REPO, "jobs", "hpo-mlp.yaml")))
-    # 8 steps of 0.1 s an epoch: after the first epoch's metrics appear, three more epochs
-    # leave the signal time to reach the ranks while the first trials are still in flight
-    cfg = {"model": f"{TESTS}/models/slow.py", "hparams": {"sleep": 0.1},
-           "data": {"files": [toy_file]}, "train": {"epochs": 4, "batch_size": 64},
-           "search": {**base["search"], "budget": 4}}
-    path = tmp_path / "hpo.yaml"
-    path.write_text(yaml.safe_dump(cfg))
+    path = sweep_config(tmp_path, toy_file)
     out = tmp_path / "sweep"
     job = submit(slurm, tmp_path, "hpo-mpirun.sbatch", str(path), str(out))
     deadline = time.monotonic() + 180
@@ -137,32 +143,11 @@ def test_mpirun_sweep_inside_the_allocation_survives_a_requeue(slurm, toy_file, 
     assert "sweep stopped" in log and "sweep finished: 4 trials (4 done" in log
 
 
-def rank_pid(marker: str, rank: int, timeout: float = 180) -> int:
-    """The pid of world rank ``rank`` of the job whose environment holds ``marker``."""
-    want = f"OMPI_COMM_WORLD_RANK={rank}".encode()
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for pid in filter(str.isdigit, os.listdir("/proc")):
-            try:
-                env = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
-            except OSError:
-                continue
-            if marker.encode() in env and want in env:
-                return int(pid)
-        time.sleep(0.2)
-    raise AssertionError(f"rank {rank} never started")
-
-
 def test_a_sweep_whose_rank_was_killed_requeues_itself_and_finishes(slurm, toy_file, tmp_path):
     """kill -9 of a block rank mid-trial (as the OOM killer does) without ULFM: the whole job
     ends, the script requeues it (a crash, within max_restarts), and the sweep resumes from its
     journal to exactly its budget."""
-    base = yaml.safe_load(open(os.path.join(REPO, "jobs", "hpo-mlp.yaml")))
-    cfg = {"model": f"{TESTS}/models/slow.py", "hparams": {"sleep": 0.1},
-           "data": {"files": [toy_file]}, "train": {"epochs": 4, "batch_size": 64},
-           "search": {**base["search"], "budget": 4}}
-    path = tmp_path / "hpo.yaml"
-    path.write_text(yaml.safe_dump(cfg))
+    path = sweep_config(tmp_path, toy_file)
     out = tmp_path / "sweep"
     marker = f"MPILEARN_TEST_MARK={tmp_path}"
     job = submit(slurm, tmp_path, "hpo-mpirun.sbatch", str(path), str(out),

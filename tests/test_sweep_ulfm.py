@@ -10,7 +10,7 @@ import time
 
 import yaml
 
-from conftest import ENV, REPO, TESTS
+from conftest import ENV, REPO, TESTS, rank_pid
 from mpilearn.core.io import read_jsonl
 
 BUDGET = 3
@@ -76,27 +76,12 @@ def test_a_lost_block_rank_costs_one_trial_never_the_sweep(tmp_path, toy_file):
     print(f"wall {time.monotonic() - start:.1f} s")
 
 
-def coordinator_pid(marker: str, timeout: float = 120) -> int:
-    """The pid of world rank 0 of the job whose environment holds ``marker``."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for pid in filter(str.isdigit, os.listdir("/proc")):
-            try:
-                env = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
-            except OSError:
-                continue
-            if marker.encode() in env and b"OMPI_COMM_WORLD_RANK=0" in env:
-                return int(pid)
-        time.sleep(0.2)
-    raise AssertionError("rank 0 never started")
-
-
 def test_a_lost_coordinator_ends_the_sweep_75_and_resume_finishes_it(tmp_path, toy_file):
     start = time.monotonic()
     marker = f"MPILEARN_TEST_MARK={tmp_path}"
     job = sweep(tmp_path, toy_file, env={"MPILEARN_TEST_MARK": str(tmp_path)}, wait=False)
     journal = tmp_path / "sweep" / "journal.jsonl"
-    pid = coordinator_pid(marker)
+    pid = rank_pid(marker, 0, timeout=120)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:  # both blocks mid-trial
         if journal.exists() and sum(e["event"] == "started" for e in read_jsonl(str(journal))) >= 2:
