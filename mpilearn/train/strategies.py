@@ -221,9 +221,11 @@ class LocalSGD(Strategy):
         """Between two averages (a resume at the same size, before its first average) the
         snapshot keeps the ranks' mean, as a checkpoint of this step resumed at another size
         would start from."""
+        from ..torch.functions import _to_cpu
+
         if self.synced:
             return models
-        return models_mean(self.comm.allgather(models))
+        return models_mean(self.comm.allgather(_to_cpu(models)))  # host copies travel
 
     def restored(self, size_changed):
         if size_changed:  # as a resume at another rank count: rank 0's optimizer state
