@@ -93,10 +93,11 @@ def test_below_min_ranks_checkpoints_exits_75_and_resumes(toy_file, tmp_path, re
 def test_elastic_refuses_what_cannot_survive(toy_file, tmp_path):
     proc = subprocess.run([sys.executable, *args(toy_file, str(tmp_path / "run"), "--set",
                                                  "train.elastic.min_ranks=1", "--set",
-                                                 "train.algorithm=local_sgd")],
+                                                 "train.algorithm=downpour")],
                           capture_output=True, text=True, timeout=120, cwd=REPO, env=ENV)
     assert proc.returncode == 2, proc.stderr
-    assert "train.elastic: train.algorithm=local_sgd is not elastic" in proc.stderr
+    assert "train.elastic: train.algorithm=downpour is asynchronous and not elastic" in proc.stderr
+    assert "use train.algorithm=allreduce or local_sgd" in proc.stderr
 
 
 def test_horovod_elastic_torch_script_survives_kill9_of_rank0():
@@ -197,3 +198,36 @@ def test_horovod_elastic_keras_script_survives_kill9():
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result == {"epoch": 3, "size": 2, "resets": [2], "same_weights": True,
                       "lr": pytest.approx(0.02)}
+
+
+SYNC_EVERY, AVERAGED = 3, 18  # local SGD averages after steps 3, 6, ..., 18, 21: the kill after
+# step 20 lands between two averages, and the survivors redo 19-21 from the average of 18
+
+
+def test_local_sgd_kill9_goes_back_to_the_last_average_equal_to_replay(toy_file, tmp_path):
+    """Local SGD's snapshots are its averages (every rank holds the same model there): rank 1 of
+    3 dies in step 21, the survivors go on from step 18's average on 2 ranks; the weights (Adam:
+    rank 0's optimizer state at the new size) equal a stop at step 18 resumed at np=2."""
+    def local(out, *extra):
+        return args(toy_file, str(out), *ONE_EPOCH, "--set", "train.algorithm=local_sgd",
+                    "--set", f"train.sync_every={SYNC_EVERY}", *extra)
+
+    replay = tmp_path / "replay"
+    stop = mpirun(3, local(replay), env={"MPILEARN_TEST_STOP": str(AVERAGED)})
+    assert stop.returncode == 75, stop.stderr
+    resumed = mpirun(2, local(replay, "--resume"))
+    assert resumed.returncode == 0, resumed.stderr
+    out = tmp_path / "run"
+    proc = ulfm_run(3, local(out, "--set", "train.elastic.min_ranks=2"),
+                    {"MPILEARN_TEST_KILL": f"1:{KILL_AFTER}"})
+    assert proc.returncode == 0, proc.stderr
+    assert f"snapshot every {SYNC_EVERY} step(s) (local SGD's averages)" in proc.stdout
+    assert (f"at step {KILL_AFTER + 1} (epoch 1); going on with 2 rank(s) from step {AVERAGED}, "
+            "global batch 8") in proc.stdout, proc.stdout
+    change = [json.loads(line) for line in open(out / "metrics.jsonl") if "membership" in line]
+    assert [(r["step"], r["position"]) for r in change] == [(AVERAGED, 12 * AVERAGED)]
+    model = final_model(str(out))
+    # every training event once: the redone steps' counts went back with the weights
+    assert sorted(model["seen"].unique().tolist()) == [0.0, 1.0]
+    assert int((model["seen"] == 1).sum()) == 960
+    assert_same(model, final_model(str(replay)))

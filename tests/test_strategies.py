@@ -94,3 +94,34 @@ def test_local_sgd_averages_keras_models_through_their_adapter(toy_file, tmp_pat
     # Adam's moments are each rank's own (after 10 steps on different data)
     assert any(not torch.equal(a, b) for a, b in zip(mine["optimizers"]["optimizer"],
                                                      other["optimizers"]["optimizer"]))
+
+
+def test_local_sgd_resumed_at_another_size_between_averages_starts_from_the_ranks_mean():
+    """A checkpoint written between two averages holds each rank's own model: a resume at
+    another rank count starts from their mean (no rank's steps dropped) with rank 0's optimizer
+    state; one written at an average keeps rank 0's model (every rank's, bit for bit)."""
+    from mpi4py import MPI
+
+    import mpilearn
+    from mpilearn.train import SupervisedTask
+    from mpilearn.train.strategies import LocalSGD
+
+    mpilearn.init()
+
+    def task(fill):
+        model = torch.nn.Linear(2, 1).double()
+        torch.nn.init.constant_(model.weight, fill)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        opt.state[model.weight]["momentum_buffer"] = torch.full((1, 2), fill, dtype=torch.float64)
+        return SupervisedTask(model, torch.nn.functional.mse_loss, opt)
+
+    saved = [task(fill).state_dict() for fill in (1.0, 2.0, 6.0)]  # ranks 0, 1, 2
+    for synced, weight in ((False, 3.0), (True, 1.0)):
+        resumed = task(0.0)  # as the engine loads a checkpoint: rank 0's task, then the strategy
+        strategy = LocalSGD({"backend": "mpi", "sync_every": 4}, MPI.COMM_SELF)
+        strategy.setup(resumed, "cpu")
+        resumed.load_state_dict(saved[0])
+        strategy.load_state_dict({"ranks": [None, *saved[1:]], "synced": synced})
+        assert resumed.model.weight.tolist() == [[weight, weight]] and strategy.synced
+        assert resumed.optimizer.state[resumed.model.weight]["momentum_buffer"].tolist() == \
+            [[1.0, 1.0]]

@@ -48,7 +48,7 @@ def check(config: dict, task=None) -> None:
             "of a block in each fold) or search.folds: 1")
     if t["algorithm"] not in ELASTIC_ALGORITHMS:
         raise UsageError(f"search.elastic: train.algorithm={t['algorithm']} is not elastic (its "
-                         "master would wait for a lost worker); use train.algorithm=allreduce")
+                         "master would wait for a lost worker); use train.algorithm=allreduce or local_sgd")
     if t["backend"] != "mpi":
         raise UsageError(f"search.elastic needs train.backend=mpi (ULFM), not {t['backend']}")
     if getattr(task, "framework", "") == "keras":

@@ -45,7 +45,8 @@ config keys (YAML; --set uses dotted names):
   train.elastic.{min_ranks,max_ranks,batch}  0 (not elastic), 0 (= start size), rank | global:
                              at another rank count keep the per-rank batch (lr_scaling again)
                              or the global batch (README "Elastic training")
-  train.elastic.snapshot_every  1  steps between in-memory snapshots (a lost rank redoes them)
+  train.elastic.snapshot_every  1  steps between in-memory snapshots (a lost rank redoes them;
+                             local_sgd: at its averages, lcm with sync_every)
   train.watchdog.{enabled,floor_s,factor}  true, 60, 10: a rank without a step for
                              max(floor_s, factor x its median step) ends the job (exit 124)
   device.type                auto | cpu | cuda    device.allow_shared_gpus  false

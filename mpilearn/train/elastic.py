@@ -6,7 +6,9 @@ A snapshot is taken after every ``snapshot_every`` steps: deep copies of the tas
 optimizers (loss scaling and the GAN's step counters are in its state), the position, this
 rank's running sums, its random streams and the callbacks' state. The last two are kept: in a
 synchronous step some survivors may have applied the step in flight and others not, so the
-survivors agree on the smallest newest snapshot and every one of them holds it.
+survivors agree on the smallest newest snapshot and every one of them holds it. Local SGD's
+snapshots are taken at its averages only (``LocalSGD.snapshot_every``), where every rank holds
+the same model; downpour and EASGD (asynchronous: no common step) are refused.
 """
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from typing import List, Optional
 from ..errors import UsageError
 from . import checkpoint as ckpt
 
-ELASTIC_ALGORITHMS = ("allreduce",)
+ELASTIC_ALGORITHMS = ("allreduce", "local_sgd")
 
 
 def settings(config: dict) -> Optional[dict]:
@@ -34,9 +36,11 @@ def check(config: dict, task, size: int) -> None:
         return
     t = config["train"]
     if t["algorithm"] not in ELASTIC_ALGORITHMS:
-        raise UsageError(f"train.elastic: train.algorithm={t['algorithm']} is not elastic (a lost "
-                         f"rank would end the run); elastic training needs train.algorithm="
-                         f"allreduce, or leave out train.elastic.min_ranks")
+        raise UsageError(f"train.elastic: train.algorithm={t['algorithm']} is asynchronous and "
+                         "not elastic: its workers share no step that a snapshot could hold, "
+                         "and rank 0 is its master (a lost rank would end the run); use "
+                         "train.algorithm=allreduce or local_sgd, or leave out "
+                         "train.elastic.min_ranks")
     if getattr(task, "framework", "") == "keras":
         raise UsageError("train.elastic: Keras tasks are not elastic yet; train a PyTorch model, "
                          "or leave out train.elastic.min_ranks")
@@ -83,6 +87,8 @@ class Snapshot:
         self.global_batch, self.ranks = trainer.loader.global_batch, trainer.ctx.size
         self.task = _copy_into(reuse.task if reuse is not None else None,
                                trainer.task.state_dict())
+        if "models" in self.task:  # local SGD between two averages keeps the ranks' mean
+            self.task["models"] = trainer.strategy.snapshot_models(self.task["models"])
         self.acc = copy.deepcopy(trainer.acc)
         self.rng = ckpt.rng_state()
         self.callbacks = {cb.name: copy.deepcopy(cb.state_dict()) for cb in trainer.callbacks}

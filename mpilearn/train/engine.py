@@ -112,8 +112,9 @@ class Trainer:
             self.snapshots.maybe_take(self, force=True)
             if ctx.rank == 0:
                 e = elastic.settings(config)
+                at = " (local SGD's averages)" if self.strategy.name == "local_sgd" else ""
                 print(f"mpilearn: elastic: min_ranks {e['min_ranks']}; an in-memory snapshot "
-                      f"every {self.snapshots.every} step(s), "
+                      f"every {self.snapshots.every} step(s){at}, "
                       f"{self.snapshots.kept[-1].nbytes() / 2**20:.3g} MiB each, 2 kept",
                       flush=True)
         # the run's identity, written once every check passed (a refused --resume --force
@@ -131,11 +132,13 @@ class Trainer:
 
         def follow(new, change):  # the one list of who holds the job's communicator
             core_comm.replace_comm(self.ctx, new)
-            self.strategy.comm = new
+            self.strategy.rebind(new)
             self.task.rebind(new)
 
         self.membership.on_change(follow)
-        self.snapshots = elastic.Snapshots(settings.get("snapshot_every") or 1)
+        # local SGD's at its averages only (strategies.LocalSGD)
+        self.snapshots = elastic.Snapshots(
+            self.strategy.snapshot_every(int(settings.get("snapshot_every") or 1)))
         self._first_after_loss = False
 
     def _make_loader(self):
@@ -382,14 +385,16 @@ class Trainer:
         step = self.membership.agree_min(self.snapshots.newest_step())
         if change.leader_lost and self.ctx.rank == 0:
             self._take_over_leader()
+        # the step in flight (a snapshot may be older: local SGD's are at its averages)
+        in_flight, epoch = self.global_step + 1, self.epoch + 1
         self._restore_snapshot(self.snapshots.at(step))
         lr = self._set_lr()
         below = change.new_size < self.membership.min_ranks
         if self.ctx.rank == 0:  # the one line (below min_ranks, exit_status says the rest)
             how = ", ".join(f"rank {r} on {h}" for r, h in change.lost)
             if not below:
-                print(f"mpilearn: lost {how} at step {self.global_step + 1} (epoch "
-                      f"{self.epoch + 1}); going on with {self.ctx.size} rank(s) from step "
+                print(f"mpilearn: lost {how} at step {in_flight} (epoch "
+                      f"{epoch}); going on with {self.ctx.size} rank(s) from step "
                       f"{self.global_step}, global batch {self.loader.global_batch}, lr {lr:.6g}"
                       + ("; rank 0's duties moved here" if change.leader_lost else ""), flush=True)
             append_jsonl(self.metrics_path, {
@@ -423,6 +428,7 @@ class Trainer:
             reducer = getattr(opt, "_reducer", None)
             if reducer is not None:
                 reducer.reset()
+        self.strategy.restored(snap.ranks != self.ctx.size)
         self.epoch, self.step_in_epoch = snap.epoch, snap.step_in_epoch
         self.global_step, self.acc = snap.global_step, dict(snap.acc, losses=dict(snap.acc["losses"]))
         self.position = snap.position

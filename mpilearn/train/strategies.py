@@ -16,6 +16,7 @@ easgd          rank 0 holds a centre that the workers' weights are elastically p
 """
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from typing import Callable, Dict, Optional
@@ -81,6 +82,22 @@ class Strategy:
     def load_state_dict(self, state: dict) -> None:
         pass
 
+    # -- elastic training (``elastic.py``): what a strategy adds to the driver's snapshots --
+    def rebind(self, comm) -> None:
+        """Go on over ``comm``, the survivors' communicator after a lost rank."""
+        self.comm = comm
+
+    def snapshot_every(self, every: int) -> int:
+        """The steps between in-memory snapshots, given ``train.elastic.snapshot_every``."""
+        return every
+
+    def snapshot_models(self, models: dict) -> dict:
+        """Collective: the models a snapshot keeps (``models``: this rank's copy)."""
+        return models
+
+    def restored(self, size_changed: bool) -> None:
+        """Every survivor is back at a snapshot (its models broadcast from rank 0)."""
+
     def _steps(self, ec: EpochContext, after_step=None) -> None:
         """The synchronous epoch: this rank's batches from ``ec.position`` on. The next
         batch is taken before the step's collective stop check, so a read that fails on any
@@ -130,20 +147,29 @@ class LocalSGD(Strategy):
     """Independent steps, then the average of the weights (and batch-norm statistics) every
     ``sync_every`` global steps and at each epoch's end. Optimizer states stay per rank and are
     checkpointed per rank. With ``sync_every: 1`` and plain or momentum SGD it computes what
-    ``allreduce`` does."""
+    ``allreduce`` does.
+
+    At another rank count (a resume, or the survivors of a lost rank) every rank starts from the
+    mean of the ranks' models (between two averages the next average, early: no rank's steps
+    are dropped) and from rank 0's optimizer state. Elastic snapshots are taken at averages
+    only, where that mean is every rank's model: a loss redoes at most ``sync_every`` steps."""
 
     name = "local_sgd"
 
     def setup(self, task, device):
         from mpi4py import MPI
 
-        from ..torch.optimizer import get_backend
-
-        self.task, self.adapter = task, adapter_for(task)
+        self.task, self.adapter, self.device = task, adapter_for(task), str(device)
         task.setup(MPI.COMM_SELF, device, self.train["backend"], 0, distributed=False)
         self.adapter.broadcast(task, self.comm)
-        self.backend = get_backend("mpi", self.comm, str(device))
+        self.rebind(self.comm)
         self.steps_done, self.synced = 0, True
+
+    def rebind(self, comm):
+        from ..torch.optimizer import get_backend
+
+        self.comm = comm
+        self.backend = get_backend("mpi", comm, self.device)
 
     def run_epoch(self, ec):
         self.steps_done = ec.global_step
@@ -173,10 +199,63 @@ class LocalSGD(Strategy):
             self.average()
 
     def state_dict(self):
-        return _gather_states(self.comm, self.task.state_dict())
+        state = _gather_states(self.comm, self.task.state_dict())
+        return dict(state, synced=self.synced) if state is not None else None
 
     def load_state_dict(self, state):
         _scatter_states(self.comm, state, self.task.load_state_dict)
+        states = (state or {}).get("ranks")
+        if states is not None and len(states) == self.comm.Get_size():
+            self.synced = state.get("synced", True)
+            return
+        if states is not None and not state.get("synced", True):  # written between averages
+            task = self.task.state_dict()  # rank 0's, as the engine loaded it
+            task["models"] = models_mean([task["models"]] + [s["models"] for s in states[1:]])
+            self.task.load_state_dict(task)
+        self.synced = True
+
+    def snapshot_every(self, every):
+        return math.lcm(every, self.train["sync_every"])
+
+    def snapshot_models(self, models):
+        """Between two averages (a resume at the same size, before its first average) the
+        snapshot keeps the ranks' mean, as a checkpoint of this step resumed at another size
+        would start from."""
+        from ..torch.functions import _to_cpu
+
+        if self.synced:
+            return models
+        return models_mean(self.comm.allgather(_to_cpu(models)))  # host copies travel
+
+    def restored(self, size_changed):
+        if size_changed:  # as a resume at another rank count: rank 0's optimizer state
+            self.adapter.broadcast(self.task, self.comm)
+        self.synced = True
+
+
+def models_mean(ranks: list):
+    """The mean of the ranks' models (one ``task.state_dict()["models"]`` each, in rank order):
+    floating tensors and arrays summed in rank order, then divided; the rest (counters) is the
+    first rank's."""
+    import numpy as np
+    import torch
+
+    first = ranks[0]
+    if isinstance(first, dict):
+        return {k: models_mean([r[k] for r in ranks]) for k in first}
+    if isinstance(first, (list, tuple)):
+        return type(first)(models_mean(list(z)) for z in zip(*ranks))
+    if isinstance(first, torch.Tensor) and first.is_floating_point():
+        total = first.clone()
+        for other in ranks[1:]:
+            total += other.to(total.device)
+        return total / len(ranks)
+    if isinstance(first, np.ndarray) and np.issubdtype(first.dtype, np.floating):
+        total = first.copy()
+        for other in ranks[1:]:
+            total += other
+        return total / np.asarray(len(ranks), dtype=first.dtype)
+    return first
 
 
 class Asynchronous(Strategy):
