@@ -25,7 +25,7 @@ def settings(config: dict) -> Optional[dict]:
     return e if int(e.get("min_ranks") or 0) > 0 else None
 
 
-def check(config: dict, task, size: int) -> None:
+def check(config: dict, size: int) -> None:
     """Bad input (UsageError) for what elastic training cannot do (yet): said before any step."""
     from ..core import membership
 
@@ -37,9 +37,6 @@ def check(config: dict, task, size: int) -> None:
         raise UsageError(f"train.elastic: train.algorithm={t['algorithm']} is not elastic (a lost "
                          f"rank would end the run); elastic training needs train.algorithm="
                          f"allreduce, or leave out train.elastic.min_ranks")
-    if getattr(task, "framework", "") == "keras":
-        raise UsageError("train.elastic: Keras tasks are not elastic yet; train a PyTorch model, "
-                         "or leave out train.elastic.min_ranks")
     if t["backend"] != "mpi":
         raise UsageError(f"train.elastic needs train.backend=mpi (ULFM), not {t['backend']}")
     if int(e["min_ranks"]) > size:
@@ -84,7 +81,7 @@ class Snapshot:
         self.task = _copy_into(reuse.task if reuse is not None else None,
                                trainer.task.state_dict())
         self.acc = copy.deepcopy(trainer.acc)
-        self.rng = ckpt.rng_state()
+        self.rng = ckpt.rng_state(trainer.task)
         self.callbacks = {cb.name: copy.deepcopy(cb.state_dict()) for cb in trainer.callbacks}
 
     def nbytes(self) -> int:
