@@ -205,8 +205,8 @@ def keras_args(toy_file, out, *extra):
     # a checkpoint every 6 steps, all 5 kept: the one of step 6 starts the replay
     return train_args("--set", f"model={TESTS}/models/elastic_keras.py", "--set",
                       f"data.files=[{toy_file}]", "--set", "data.val_fraction=0.0625",
-                      "--set", "train.epochs=1", "--set", "train.batch_size=16",
-                      "--set", "train.checkpoint_every_steps=6", "--set", "train.keep_checkpoints=5",
+                      "--set", "train.epochs=1", "--set", "train.batch_size=16", "--set",
+                      "train.checkpoint_every_steps=6", "--set", "train.keep_checkpoints=5",
                       "--set", "train.deterministic=true", "--output", out, *extra)
 
 
