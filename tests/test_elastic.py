@@ -3,6 +3,7 @@ finish on fewer ranks, every event is trained once per epoch, and the weights eq
 (stop at the agreed step at np=3, resume at np=2)."""
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -231,3 +232,44 @@ def test_local_sgd_kill9_goes_back_to_the_last_average_equal_to_replay(toy_file,
     assert sorted(model["seen"].unique().tolist()) == [0.0, 1.0]
     assert int((model["seen"] == 1).sum()) == 960
     assert_same(model, final_model(str(replay)))
+
+
+def keras_args(toy_file, out, *extra):
+    # 960 training events: 20 global batches of 48 at np=3; after 6, the 672 left are 21 of 32;
+    # a checkpoint every 6 steps, all 5 kept: the one of step 6 starts the replay
+    return train_args("--set", f"model={TESTS}/models/elastic_keras.py", "--set",
+                      f"data.files=[{toy_file}]", "--set", "data.val_fraction=0.0625",
+                      "--set", "train.epochs=1", "--set", "train.batch_size=16", "--set",
+                      "train.checkpoint_every_steps=6", "--set", "train.keep_checkpoints=5",
+                      "--set", "train.deterministic=true", "--output", out, *extra)
+
+
+def test_a_keras_task_survives_a_kill9_equal_to_its_replay(toy_file, tmp_path):
+    """A float64 Keras MLP with dropout on TensorFlow: rank 1 of 3 killed after step 6; the two
+    survivors train every event once and end with the replay's weights bit for bit: optimizer
+    variables, the Keras allreduce's communicator and the dropout stream (restarted at the new
+    size, as a resume does) all came back right. The replay resumes at 2 ranks from the
+    checkpoint the run wrote at step 6 (what a stop there writes: one np=3 launch of
+    TensorFlow ranks less)."""
+    env = {"KERAS_BACKEND": "tensorflow", "TF_CPP_MIN_LOG_LEVEL": "3"}
+    out = str(tmp_path / "run")
+    proc = ulfm_run(3, keras_args(toy_file, out, "--set", "train.elastic.min_ranks=2"),
+                    {**env, "MPILEARN_TEST_KILL": "1:6"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert ("at step 7 (epoch 1); going on with 2 rank(s) from step 6, global batch 32, "
+            "lr 0.01") in proc.stdout, proc.stdout
+    change = [r for r in map(json.loads, open(os.path.join(out, "metrics.jsonl")))
+              if "membership" in r]
+    assert len(change) == 1 and change[0]["step"] == 6 and change[0]["position"] == 6 * 48
+    step6 = os.path.join("checkpoints", ckpt.name_for(0, 6))
+    os.makedirs(tmp_path / "replay" / "checkpoints")
+    shutil.copy(os.path.join(out, step6), tmp_path / "replay" / step6)
+    replay = str(tmp_path / "replay")
+    resumed = mpirun(2, keras_args(toy_file, replay, "--resume"), env=env)
+    assert resumed.returncode == 0 and "(epoch 0, step 6)" in resumed.stdout, resumed.stderr[-3000:]
+    got, want = final_model(out), final_model(replay)
+    seen = next(w for w in got if w.shape == (1024,))
+    assert sorted(seen.unique().tolist()) == [0.0, 1.0] and int(seen.sum()) == 960
+    assert len(got) == len(want) == 5 and got[0].dtype == torch.float64
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)

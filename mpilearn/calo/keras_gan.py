@@ -41,6 +41,14 @@ class KerasGANTask(GANProtocol, KerasTask):
         self.comm = comm
         self.tape_comm = comm if distributed and self.tapes else None
 
+    def rebind(self, comm) -> None:
+        """The tapes reduce over ``comm`` too; the compiled updates, traced with the old
+        communicator inside them, are traced again."""
+        super().rebind(comm)
+        if self.tape_comm is not None:
+            self.tape_comm = comm
+        self._tf_updates = None
+
     def allreduce_seconds(self) -> float:
         seconds = super().allreduce_seconds()
         if getattr(self, "tapes", False):

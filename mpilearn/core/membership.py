@@ -142,6 +142,16 @@ class Membership:
         return int(self.comm.allreduce(int(value), op=mcomm.mpi().MIN))
 
 
+def lost_beneath(comm) -> bool:
+    """Whether ``comm`` knows a failed process or was revoked (local calls): then an error of
+    another type is a loss too. TensorFlow turns an exception inside a graph's collective (a
+    ``py_function``: the compiled Keras steps' allreduce) into its own UnknownError."""
+    try:  # (the group is left unfreed: this runs once per error, on the way out or to recover)
+        return comm.Get_failed().Get_size() > 0 or comm.Is_revoked()
+    except Exception:  # noqa: BLE001 - an MPI without these calls: no loss known
+        return False
+
+
 def run_guarded(membership: Membership, fn: Callable, on_loss: Callable[[Change], None]):
     """``fn()``, and after every loss of ranks ``on_loss(change)`` then ``fn()`` again: the loop
     every elastic caller (the driver, ``hvd.elastic.run``) shares. Errors other than a lost
@@ -150,7 +160,8 @@ def run_guarded(membership: Membership, fn: Callable, on_loss: Callable[[Change]
         try:
             return fn()
         except Exception as err:  # noqa: BLE001 - only MPI's loss reports are handled
-            if not (is_failure(err) or isinstance(err, RanksLost)):
+            if not (is_failure(err) or isinstance(err, RanksLost)
+                    or lost_beneath(membership.comm)):
                 raise
             detected = time.time()
         change = membership.recover(detected)

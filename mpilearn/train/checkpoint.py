@@ -20,18 +20,24 @@ from ..core.io import atomic_write_bytes, atomic_write_text
 LATEST = "latest"
 
 
-def rng_state() -> dict:
+def rng_state(task=None) -> dict:
     """This process's RNG states as tensors and plain types (``torch.load(weights_only=True)``
-    refuses numpy arrays)."""
+    refuses numpy arrays); with ``task``, its own streams too (Keras's seed generators)."""
     kind, keys, pos, has_gauss, cached = np.random.get_state()
-    return {"torch": torch.get_rng_state(),
-            "numpy": {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)),
-                      "pos": int(pos), "has_gauss": int(has_gauss), "cached": float(cached)},
-            "python": random.getstate(),
-            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
+    state = {"torch": torch.get_rng_state(),
+             "numpy": {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)),
+                       "pos": int(pos), "has_gauss": int(has_gauss), "cached": float(cached)},
+             "python": random.getstate(),
+             "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
+    streams = task.rng_state() if task is not None else None
+    if streams is not None:
+        state["task"] = streams
+    return state
 
 
-def set_rng_state(state: dict) -> None:
+def set_rng_state(state: dict, task=None) -> None:
+    if task is not None and state.get("task") is not None:
+        task.set_rng_state(state["task"])
     torch.set_rng_state(state["torch"])
     n = state["numpy"]
     if isinstance(n, dict):

@@ -27,7 +27,7 @@ def settings(config: dict) -> Optional[dict]:
     return e if int(e.get("min_ranks") or 0) > 0 else None
 
 
-def check(config: dict, task, size: int) -> None:
+def check(config: dict, size: int) -> None:
     """Bad input (UsageError) for what elastic training cannot do (yet): said before any step."""
     from ..core import membership
 
@@ -41,9 +41,6 @@ def check(config: dict, task, size: int) -> None:
                          "and rank 0 is its master (a lost rank would end the run); use "
                          "train.algorithm=allreduce or local_sgd, or leave out "
                          "train.elastic.min_ranks")
-    if getattr(task, "framework", "") == "keras":
-        raise UsageError("train.elastic: Keras tasks are not elastic yet; train a PyTorch model, "
-                         "or leave out train.elastic.min_ranks")
     if t["backend"] != "mpi":
         raise UsageError(f"train.elastic needs train.backend=mpi (ULFM), not {t['backend']}")
     if int(e["min_ranks"]) > size:
@@ -90,7 +87,7 @@ class Snapshot:
         if "models" in self.task:  # local SGD between two averages keeps the ranks' mean
             self.task["models"] = trainer.strategy.snapshot_models(self.task["models"])
         self.acc = copy.deepcopy(trainer.acc)
-        self.rng = ckpt.rng_state()
+        self.rng = ckpt.rng_state(trainer.task)
         self.callbacks = {cb.name: copy.deepcopy(cb.state_dict()) for cb in trainer.callbacks}
 
     def nbytes(self) -> int:

@@ -209,7 +209,7 @@ class Trainer:
 
     def _save(self) -> Optional[str]:
         """Collective; rank 0 writes the checkpoint and returns its path."""
-        rngs = self.ctx.comm.gather(ckpt.rng_state(), root=0)
+        rngs = self.ctx.comm.gather(ckpt.rng_state(self.task), root=0)
         # every rank's running sums: a resumed epoch's record is then the uninterrupted one's
         accs = self.ctx.comm.gather(self.acc, root=0)
         strategy = self.strategy.state_dict()  # collective: other ranks' own state
@@ -253,7 +253,7 @@ class Trainer:
         self.history = self.ctx.comm.bcast(self._logged_epochs() if self.ctx.rank == 0 else None)
         rngs = state["rng"]
         if len(rngs) == self.ctx.size:
-            ckpt.set_rng_state(rngs[self.ctx.rank])
+            ckpt.set_rng_state(rngs[self.ctx.rank], self.task)
         elif self.ctx.rank == 0:
             print(self._resize_line(saved_global, saved_ranks), flush=True)
             if self.membership is not None:  # an elastic job relaunched at another size (grown)
@@ -411,29 +411,23 @@ class Trainer:
         """Per-rank noise (dropout, a task's own draws) from here on: a stream per rank, which
         restarts when the rank count changes (a resume at another size, an elastic change)."""
         torch.manual_seed(self.config["train"]["seed"] * 1000 + self.ctx.rank + 1)
+        self.task.restart_streams()  # Keras's seed generators: as the set-up left them
 
     def _restore_snapshot(self, snap) -> None:
         """Every survivor back to ``snap`` (its own copy of that step), on the new size."""
         # a copy: an optimizer's load_state_dict keeps the very tensors it is given, and the
         # snapshot must stay as it is (a second loss before the next one goes back to it)
         self.task.load_state_dict(copy.deepcopy(snap.task))
-        from .. import torch as mtorch
-
         # every rank takes rank 0's models, as a resume from rank 0's checkpoint does: the
         # weights are equal already, but per-rank buffers are not (batch-norm running stats,
         # which the 3DGAN's generator uses in eval mode for D's fake batch)
-        for model in self.task.models().values():
-            mtorch.broadcast_parameters(model.state_dict(), 0, comm=self.ctx.comm)
-        for opt in self.task.optimizers().values():
-            reducer = getattr(opt, "_reducer", None)
-            if reducer is not None:
-                reducer.reset()
+        self.task.sync_models(self.ctx.comm, 0)
         self.strategy.restored(snap.ranks != self.ctx.size)
         self.epoch, self.step_in_epoch = snap.epoch, snap.step_in_epoch
         self.global_step, self.acc = snap.global_step, dict(snap.acc, losses=dict(snap.acc["losses"]))
         self.position = snap.position
         if snap.ranks == self.ctx.size:
-            ckpt.set_rng_state(snap.rng)
+            ckpt.set_rng_state(snap.rng, self.task)
         else:  # as a resume on another rank count does, so that the run equals that replay
             self._seed_rank_streams()
         self._resize_batch(snap)

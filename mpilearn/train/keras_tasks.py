@@ -51,6 +51,7 @@ class KerasTask(Task):
             if distributed:
                 mkeras.DistributedOptimizer(opt, comm=comm)
                 opt._mpilearn_guard = True  # the engine's tasks stop on non-finite gradients
+        self._first_streams = self.rng_state()  # rank 0's, as every rank now has them
 
     def _variables_of(self, optimizer_name: str) -> list:
         """What an optimizer updates: the model of the same name (tasks that name them
@@ -75,6 +76,49 @@ class KerasTask(Task):
             _assign(m.weights, state["models"][k])
         for k, o in self.optimizers().items():
             _assign(o.variables, state["optimizers"][k])
+
+    # -- elastic training: the survivors' models, random streams and communicator ----------
+    def sync_models(self, comm, root: int = 0) -> None:
+        for model in self.models().values():
+            mkeras.broadcast_variables(model.weights, root, comm)
+        for opt in self.optimizers().values():
+            if getattr(opt, "_mpilearn_count", 0):  # backward_passes_per_step: half summed
+                opt._mpilearn_acc, opt._mpilearn_count = None, 0
+
+    def _stream_variables(self) -> list:
+        """The models' seed generators (dropout's streams): in ``variables``, not ``weights``."""
+        out, seen = [], set()
+        for model in self.models().values():
+            seen.update(id(w) for w in model.weights)
+            for v in model.variables:
+                if id(v) not in seen:
+                    seen.add(id(v))
+                    out.append(v)
+        return out
+
+    def rng_state(self):
+        """The seed generators' states as lists of ints (a checkpoint's plain types)."""
+        states = [np.asarray(keras.ops.convert_to_numpy(v)).tolist()
+                  for v in self._stream_variables()]
+        return states or None
+
+    def set_rng_state(self, state) -> None:
+        for v, value in zip(self._stream_variables(), state or ()):
+            v.assign(np.asarray(value, dtype=v.dtype))
+
+    def restart_streams(self) -> None:
+        """Back to the states the set-up left (those a fresh process has: the seeds follow
+        ``train.seed``), as torch's generator restarts at a resume on another rank count."""
+        self.set_rng_state(getattr(self, "_first_streams", None))
+
+    def rebind(self, comm) -> None:
+        """The wrapped optimizers reduce over ``comm`` (the survivors) from the next step on."""
+        from ..keras.elastic import rebind_keras
+
+        if getattr(self, "comm", None) is not None:
+            self.comm = comm
+        for opt in self.optimizers().values():
+            rebind_keras(None, opt, comm)
 
     def export(self, folder: str) -> None:
         """Rank 0 at the end: each model as ``<name>.keras`` (written atomically)."""

@@ -78,7 +78,7 @@ def _check(config, ctx, output, resume, events, overwrite, force, device_problem
     task = new_task(config)
     check_precision(task, train["precision"])
     check_framework(task, train)
-    elastic.check(config, task, ctx.size)
+    elastic.check(config, ctx.size)
 
     files = open_files(config, task)
     for f in files:

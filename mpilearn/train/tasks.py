@@ -82,6 +82,28 @@ class Task:
                                         fusion_threshold_bytes=fusion_bytes,
                                         op=mtorch.Sum if self.sums_gradients else mtorch.Average)
 
+    def sync_models(self, comm, root: int = 0) -> None:
+        """Every rank takes ``root``'s models (an elastic restore; weights are equal already,
+        per-rank buffers such as batch-norm running statistics are not) and drops gradients
+        its wrapped optimizers had half reduced."""
+        for model in self.models().values():
+            mtorch.broadcast_parameters(model.state_dict(), root, comm=comm)
+        for opt in self.optimizers().values():
+            reducer = getattr(opt, "_reducer", None)
+            if reducer is not None:
+                reducer.reset()
+
+    # a task's own random streams beyond torch's, numpy's and Python's generators (which the
+    # checkpoint holds itself): none here; Keras's seed generators (keras_tasks.py)
+    def rng_state(self):
+        return None
+
+    def set_rng_state(self, state) -> None:
+        pass
+
+    def restart_streams(self) -> None:
+        """The task's streams as a fresh process at any rank count has them."""
+
     def rebind(self, comm) -> None:
         """Train over ``comm`` from the next step on (the survivors after a lost rank): the
         wrapped optimizers' reducers and a task's own collectives (``self.comm``) follow."""
