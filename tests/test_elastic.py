@@ -3,6 +3,7 @@ finish on fewer ranks, every event is trained once per epoch, and the weights eq
 (stop at the agreed step at np=3, resume at np=2)."""
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -197,3 +198,58 @@ def test_horovod_elastic_keras_script_survives_kill9():
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result == {"epoch": 3, "size": 2, "resets": [2], "same_weights": True,
                       "lr": pytest.approx(0.02)}
+
+
+def test_a_rank_lost_during_start_up_ends_with_one_line_and_75_then_resumes(toy_file, tmp_path):
+    """Rank 0 dies as it builds the model (start-up: no snapshot yet to go back to): the
+    survivors agree on who is lost, the lowest one says it once, every one exits 75 without a
+    traceback, and the relaunch (--resume auto, here at the survivors' size) trains it all."""
+    out = str(tmp_path / "run")
+    proc = ulfm_run(3, args(toy_file, out, *ONE_EPOCH, "--set", "train.elastic.min_ranks=2"),
+                    {"MPILEARN_TEST_KILL_AT_START": "0"})
+    assert proc.returncode == 75, proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("mpilearn: lost")]
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("mpilearn: lost rank 0 on ") and \
+        "during start-up (3 -> 2 ranks); nothing trained was lost" in lines[0], lines[0]
+    resumed = mpirun(2, args(toy_file, out, *ONE_EPOCH, "--resume", "auto"))
+    assert resumed.returncode == 0, resumed.stderr
+    model = final_model(out)
+    assert int((model["seen"] == 1).sum()) == 960
+
+
+@pytest.fixture(scope="session")
+def replay_4_to_2(toy_file, tmp_path_factory):
+    """One epoch stopped by a signal after exactly KILL_AFTER steps at np=4, resumed at np=2."""
+    def train(folder):
+        out = str(folder / "run")
+        stop = mpirun(4, args(toy_file, out, *ONE_EPOCH),
+                      env={"MPILEARN_TEST_STOP": str(KILL_AFTER)})
+        assert stop.returncode == 75, stop.stderr
+        proc = mpirun(2, args(toy_file, out, *ONE_EPOCH, "--resume"))
+        assert proc.returncode == 0, proc.stderr
+
+    return str(shared(tmp_path_factory, "elastic-replay-4-2", train) / "run")
+
+
+def test_a_second_loss_during_the_recovery_is_recovered_from_too(toy_file, tmp_path,
+                                                                   replay_4_to_2):
+    """np=4: rank 1 dies mid-epoch, rank 2 as the survivors recover (after the shrink, before
+    they agree on the step): the recovery starts again with the two left, and the run finishes
+    with one membership change naming both, equal to its replay."""
+    out = str(tmp_path / "run")
+    proc = ulfm_run(4, args(toy_file, out, *ONE_EPOCH, "--set", "train.elastic.min_ranks=2"),
+                    {"MPILEARN_TEST_KILL": f"1:{KILL_AFTER}",
+                     "MPILEARN_TEST_KILL_IN_RECOVERY": "2"})
+    assert proc.returncode == 0, proc.stderr
+    assert len(re.findall(rf"mpilearn: lost rank 1 on \S+, rank 2 on \S+ at step {KILL_AFTER + 1} "
+                          rf"\(epoch 1\); going on with 2 rank\(s\) from step {KILL_AFTER}, "
+                          "global batch 8", proc.stdout)) == 1, proc.stdout
+    records = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
+    change = [r["membership"] for r in records if "membership" in r]
+    assert len(change) == 1 and change[0]["lost_ranks"] == [1, 2], change
+    assert (change[0]["old_size"], change[0]["ranks"]) == (4, 2)
+    model = final_model(out)
+    assert int((model["seen"] == 1).sum()) == 960
+    assert_same(model, final_model(replay_4_to_2))

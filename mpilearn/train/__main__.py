@@ -121,6 +121,7 @@ def run(args, make_config, after=None) -> int:
     ``after(ctx, last epoch record)``; the exit status."""
     from ..cluster import preempt, stage
     from ..core import comm as mcomm
+    from . import elastic
     from .stops import before_start
 
     preempt.install()
@@ -135,6 +136,9 @@ def run(args, make_config, after=None) -> int:
         # save: here, before the heavy imports and the config, and once the Trainer is built
         before_start(ctx.comm)
         config = make_config(ctx)
+        # an elastic run: a rank lost from here on ends start-up with one line and exit 75
+        # (its in-memory cover begins with the first snapshot; README "Elastic training")
+        elastic.join(ctx, config)
         if args.resume and not (args.output or config["output"]):
             raise UsageError("--resume needs the run directory: --output DIR")
         from ..core import runlock
@@ -159,7 +163,7 @@ def run(args, make_config, after=None) -> int:
         if after is not None:
             after(ctx, last)
     except Exception as err:  # mpilearn's own errors become statuses; others abort the job
-        status = exit_status(err, ctx.rank)
+        status = exit_status(elastic.outside_training(err), ctx.rank)
         if launches is not None:
             launches.write(status)
         return mcomm.leaving(preempt.leave(status))
