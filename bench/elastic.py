@@ -13,7 +13,8 @@
    machine has fewer cores), the victim rank 0 and then the last rank kills itself with SIGKILL
    at a step in the first epoch, writing the time first; recovery is from that time to the end
    of the survivors' first step (``metrics.jsonl``), and the survivors' own revoke + shrink +
-   agree. Work lost: the steps the survivors went back (at most the step in flight with a snapshot every step).
+   agree. Work lost: the steps the survivors went back (at most the step in flight with a
+   snapshot every step).
 
 3. ``--chaos``: only the chaos run (``bench/elastic_chaos.py``): ``--chaos-ranks`` 8 with
    ``train.elastic.min_ranks`` ``--chaos-min`` 4, a random live rank killed -9 from outside every
