@@ -62,7 +62,9 @@ before the first step: nothing to save, one line, exit 75 too.
 exit status: 0 done, 1 crash (the failing rank's traceback), 2 bad input,
 3 training stopped by its guard (e.g. the generator emits only empty images, a data read
 failed), 124 a rank stuck (the watchdog: its stack in RUN/watchdog-rankR.txt),
-75 stopped by a signal with its state saved: requeue and run again with --resume auto.
+75 stopped by a signal with its state saved, or an elastic run that lost ranks (below
+train.elastic.min_ranks: checkpointed; during start-up: nothing to save): requeue and run
+again with --resume auto.
 """
 
 
