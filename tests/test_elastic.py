@@ -200,21 +200,27 @@ def test_horovod_elastic_keras_script_survives_kill9():
                       "lr": pytest.approx(0.02)}
 
 
-def test_a_rank_lost_during_start_up_ends_with_one_line_and_75_then_resumes(toy_file, tmp_path):
+def test_a_rank_lost_during_start_up_ends_the_job_with_one_line_and_75_then_relaunched(
+        toy_file, tmp_path):
     """Rank 0 dies as it builds the model (start-up: no snapshot yet to go back to): the
     survivors agree on who is lost, the lowest one says it once, every one exits 75 without a
-    traceback, and the relaunch (--resume auto, here at the survivors' size) trains it all."""
+    traceback, and mpilearn-run (ULFM mode) relaunches the job, which trains every event once
+    (the lock the lost rank 0 held is taken over)."""
     out = str(tmp_path / "run")
-    proc = ulfm_run(3, args(toy_file, out, *ONE_EPOCH, "--set", "train.elastic.min_ranks=2"),
-                    {"MPILEARN_TEST_KILL_AT_START": "0"})
-    assert proc.returncode == 75, proc.stderr
-    assert "Traceback" not in proc.stderr, proc.stderr
+    proc = subprocess.run(
+        [sys.executable, "-m", "mpilearn.run", "-np", "3", "--min-np", "2", sys.executable,
+         *args(toy_file, out, *ONE_EPOCH)], capture_output=True, text=True, timeout=300,
+        cwd=REPO, env={**ENV, "MPILEARN_TEST_KILL_AT_START": f"0:{tmp_path / 'killed-once'}"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert " --with-ft ulfm " in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
     lines = [line for line in proc.stderr.splitlines() if line.startswith("mpilearn: lost")]
     assert len(lines) == 1, proc.stderr
     assert lines[0].startswith("mpilearn: lost rank 0 on ") and \
         "during start-up (3 -> 2 ranks); nothing trained was lost" in lines[0], lines[0]
-    resumed = mpirun(2, args(toy_file, out, *ONE_EPOCH, "--resume", "auto"))
-    assert resumed.returncode == 0, resumed.stderr
+    relaunched = [line for line in proc.stderr.splitlines() if "relaunching" in line]
+    assert len(relaunched) == 1 and re.fullmatch(
+        r"mpilearn-run: the job lost rank 0 on \S+ during start-up \(3 -> 2 ranks\), exit 75; "
+        r"relaunching it with --resume auto \(restart 1 of 3\)", relaunched[0]), proc.stderr
     model = final_model(out)
     assert int((model["seen"] == 1).sum()) == 960
 

@@ -39,11 +39,19 @@ def join(ctx, config: dict) -> None:
 
 def outside_training(err: BaseException) -> BaseException:
     """``err`` as the job ends with it: a lost rank outside the training loop (start-up, or
-    after the last epoch) becomes one line and exit 75 (``membership.outside_training``)."""
+    after the last epoch) becomes one line and exit 75 (``membership.outside_training``),
+    noted for ``mpilearn-run``, which relaunches such a job."""
     from ..core import membership
 
     m = membership.current()
-    return err if m is None else membership.outside_training(m, err)
+    if m is None:
+        return err
+    err = membership.outside_training(m, err)
+    if isinstance(err, membership.LostBeforeTraining) and m.rank == 0:
+        from ..core import comm as mcomm
+
+        mcomm.record_relaunch(str(err).split(";")[0])  # mpilearn-run (ULFM) runs it again
+    return err
 
 
 def check(config: dict, task, size: int) -> None:

@@ -5,8 +5,9 @@ is in the weights and compared with them), for elastic and resume tests.
 with SIGKILL as it starts its step S+1 (after S applied steps); ``MPILEARN_TEST_STOP=S``: every
 rank sends itself SIGTERM after its step S, so the run stops at exactly that step (the replay of
 an elastic run);
-``MPILEARN_TEST_KILL_AT_START=R``: world rank R kills itself as it builds the model (start-up,
-before the weights' broadcast and the first snapshot);
+``MPILEARN_TEST_KILL_AT_START=R[:FILE]``: world rank R kills itself as it builds the model
+(start-up, before the weights' broadcast and the first snapshot); with FILE, only if FILE does
+not exist yet (it creates it: a relaunch starts whole);
 ``MPILEARN_TEST_KILL_IN_RECOVERY=R``: world rank R kills itself in the survivors' recovery of a
 loss, as its task is rebound to the shrunk communicator (before the agreement on the step);
 ``MPILEARN_TEST_GROW=S:FILE:TEXT``: after step S, world rank 0 writes TEXT (a discovery
@@ -44,7 +45,10 @@ def arm(task):
     grow = os.environ.get("MPILEARN_TEST_GROW", "").split(":", 2)
     steps = [0]
     world_rank = mcomm.mpi().COMM_WORLD.Get_rank()
-    if str(world_rank) in os.environ.get("MPILEARN_TEST_KILL_AT_START", "").split(","):
+    at_start, _, once = os.environ.get("MPILEARN_TEST_KILL_AT_START", "").partition(":")
+    if str(world_rank) in at_start.split(",") and not (once and os.path.exists(once)):
+        if once:  # the relaunch starts whole
+            open(once, "w").close()
         os.kill(os.getpid(), signal.SIGKILL)
     if str(world_rank) in os.environ.get("MPILEARN_TEST_KILL_IN_RECOVERY", "").split(","):
         plain_rebind = task.rebind
