@@ -49,9 +49,12 @@ class BelowMinRanks(RuntimeError):
 
 
 class LostBeforeTraining(Exception):
-    """Ranks were lost where an elastic run has no in-memory state to go back to (start-up,
-    before its first snapshot, or after its last epoch): nothing trained is lost, and the
-    survivors exit 75 so that a requeue runs the job again (``--resume auto``)."""
+    """Ranks were lost where an elastic run has no in-memory state to go back to: in
+    start-up, before its first snapshot, or after its last epoch, nothing trained is lost (in
+    a stop signal's checkpoint, what followed the newest one is). The survivors exit 75 so
+    that a requeue runs the job again (``--resume auto``). ``phase``: where the rank was."""
+
+    phase = "start-up"
 
 
 class SweepFailed(Exception):

@@ -222,9 +222,11 @@ def before_training(change: Change, phase: str) -> LostBeforeTraining:
     """The one line of a loss that no snapshot covers (``phase``: where this rank was)."""
     what = ("nothing trained was lost" if phase != "training" else
             "what was trained since the newest checkpoint is lost")
-    return LostBeforeTraining(f"lost {change.who()} during {phase} ({change.old_size} -> "
-                              f"{change.new_size} ranks); {what}: run it again with "
-                              "--resume auto")
+    err = LostBeforeTraining(f"lost {change.who()} during {phase} ({change.old_size} -> "
+                             f"{change.new_size} ranks); {what}: run it again with "
+                             "--resume auto")
+    err.phase = phase
+    return err
 
 
 _CURRENT: Optional[Membership] = None

@@ -39,18 +39,21 @@ def join(ctx, config: dict) -> None:
 
 def outside_training(err: BaseException) -> BaseException:
     """``err`` as the job ends with it: a lost rank outside the training loop (start-up, or
-    after the last epoch) becomes one line and exit 75 (``membership.outside_training``),
-    noted for ``mpilearn-run``, which relaunches such a job."""
+    after the last epoch) becomes one line and exit 75 (``membership.outside_training``); one
+    in start-up is noted for ``mpilearn-run``, which relaunches such a job."""
     from ..core import membership
 
     m = membership.current()
     if m is None:
         return err
     err = membership.outside_training(m, err)
-    if isinstance(err, membership.LostBeforeTraining) and m.rank == 0:
+    # a start-up loss asks mpilearn-run (ULFM mode) to run the job again; one in a stop's
+    # checkpoint or after the last epoch does not (the stop, or the finished run, stands)
+    if isinstance(err, membership.LostBeforeTraining) and err.phase.startswith("start-up") \
+            and m.rank == 0:
         from ..core import comm as mcomm
 
-        mcomm.record_relaunch(str(err).split(";")[0])  # mpilearn-run (ULFM) runs it again
+        mcomm.record_relaunch(str(err).split(";")[0])
     return err
 
 
