@@ -2,17 +2,19 @@
 
     python bench/elastic.py [OUT] [--sizes 2,4] [--recovery-sizes 2,4,8,16] [--repeats 3]
                             [--events 32768] [--hidden 256] [--batch 64]
+    python bench/elastic.py OUT --sizes "" --recovery-sizes 16   # the 16-rank recovery rows only
 
 1. Cost when nothing fails: the same MLP training, elastic off (plain ``mpirun``) and on
    (``mpirun --with-ft ulfm``, ``train.elastic.min_ranks=1``, a snapshot every step),
    alternated ``--repeats`` times at each of ``--sizes``; step time is the second epoch's training
    seconds per step (the first pays the start-up); the ratio on/off of the medians. The
    snapshot's size is the run's own line ("MiB each").
-2. Recovery: at each of ``--recovery-sizes`` (oversubscribed where the machine has fewer
-   cores), the victim rank 0 and then the last rank kills itself with SIGKILL at a step in the
-   first epoch, writing the time first; recovery is from that time to the end of the survivors'
-   first step (``metrics.jsonl``), and the survivors' own revoke + shrink + agree. Work lost:
-   the steps the survivors went back (at most the step in flight with a snapshot every step).
+2. Recovery: at each of ``--recovery-sizes`` (oversubscribed, one thread per rank, where the
+   machine has fewer cores), the victim rank 0 and then the last rank kills itself with SIGKILL
+   at a step in the first epoch, writing the time first; recovery is from that time to the end
+   of the survivors' first step (``metrics.jsonl``), and the survivors' own revoke + shrink +
+   agree. Work lost: the steps the survivors went back (at most the step in flight with a
+   snapshot every step).
 
 3. ``--chaos``: only the chaos run (``bench/elastic_chaos.py``): ``--chaos-ranks`` 8 with
    ``train.elastic.min_ranks`` ``--chaos-min`` 4, a random live rank killed -9 from outside every
@@ -94,6 +96,8 @@ def recovery(args, data, tmp) -> list:
             stamp = os.path.join(tmp, f"stamp-np{n}-v{victim}")
             env = {"MPILEARN_BENCH_KILL": f"{victim}:{args.kill_step}",
                    "MPILEARN_BENCH_KILL_STAMP": stamp}
+            if n > (os.cpu_count() or 1):  # oversubscribed: ranks that share cores, one thread
+                env["OMP_NUM_THREADS"] = "1"
             _, records = train(n, out, data, args, True, env, epochs=1)
             killed = float(open(stamp).read())
             change = next(r for r in records if "membership" in r)
@@ -139,12 +143,16 @@ def main():
         data = write_regression(os.path.join(tmp, "toy.h5"), events=args.events)
         began = time.time()
         cost, rec = overhead(args, data, tmp), recovery(args, data, tmp)
-    md = ["## Elastic training: cost when nothing fails (step time, medians of "
-          f"{args.repeats}, MLP hidden {args.hidden}, batch {args.batch}/rank)", "",
-          "| ranks | off s/step | on s/step | on/off | snapshot MiB |", "|---|---|---|---|---|"]
-    md += [f"| {r['ranks']} | {r['off_s']:.5f} | {r['on_s']:.5f} | {r['ratio']:.3f} | "
-           f"{r['snapshot_mib']} |" for r in cost]
-    md += ["", "## Recovery from kill -9 (to the end of the survivors' first step)", "",
+    md = []
+    if cost:  # (--sizes "": the recovery rows only)
+        md += ["## Elastic training: cost when nothing fails (step time, medians of "
+               f"{args.repeats}, MLP hidden {args.hidden}, batch {args.batch}/rank)", "",
+               "| ranks | off s/step | on s/step | on/off | snapshot MiB |",
+               "|---|---|---|---|---|"]
+        md += [f"| {r['ranks']} | {r['off_s']:.5f} | {r['on_s']:.5f} | {r['ratio']:.3f} | "
+               f"{r['snapshot_mib']} |" for r in cost]
+        md += [""]
+    md += ["## Recovery from kill -9 (to the end of the survivors' first step)", "",
            "| ranks | victim | recovery s | detected after s | revoke+shrink+agree s | "
            "steps lost | s/step |", "|---|---|---|---|---|---|---|"]
     md += [f"| {r['ranks']} | {r['victim']} | {r['recovery_s']:.3f} | {r['detect_s']:.3f} | "

@@ -10,7 +10,9 @@ Library code raises; only the ``main()`` functions call :func:`exit_status`. The
        most common failure and where that trial's traceback and output are
 75     stopped by a signal (``preempt.Preempted``: SIGTERM, SIGINT, SIGUSR1): checkpointed,
        run again with ``--resume auto`` (``preempt.REQUEUE_EXIT``); a signal before the first
-       step (``preempt.StoppedBeforeStart``) saves nothing and says so
+       step (``preempt.StoppedBeforeStart``) saves nothing and says so; an elastic run below
+       ``min_ranks`` (checkpointed), or one that lost ranks before its first step
+       (:class:`LostBeforeTraining`: nothing to save)
 =====  =====================================================================================
 """
 from __future__ import annotations
@@ -46,6 +48,15 @@ class BelowMinRanks(RuntimeError):
     (``core/membership.TooFewRanks`` says which ranks were lost)."""
 
 
+class LostBeforeTraining(Exception):
+    """Ranks were lost where an elastic run has no in-memory state to go back to: in
+    start-up, before its first snapshot, or after its last epoch, nothing trained is lost (in
+    a stop signal's checkpoint, what followed the newest one is). The survivors exit 75 so
+    that a requeue runs the job again (``--resume auto``). ``phase``: where the rank was."""
+
+    phase = "start-up"
+
+
 class SweepFailed(Exception):
     """A sweep ended with no successful trial (every one failed): the message says why."""
 
@@ -65,6 +76,9 @@ def exit_status(err: BaseException, rank: int = 0) -> int:
         return STOPPED_EXIT
     if isinstance(err, BelowMinRanks):
         _say(rank, f"mpilearn: {err}; continue with --resume auto")
+        return BELOW_MIN_EXIT
+    if isinstance(err, LostBeforeTraining):
+        _say(rank, f"mpilearn: {err}")
         return BELOW_MIN_EXIT
     if isinstance(err, SweepFailed):
         _say(rank, f"mpilearn: sweep failed: {err}")

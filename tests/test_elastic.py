@@ -3,6 +3,7 @@ finish on fewer ranks, every event is trained once per epoch, and the weights eq
 (stop at the agreed step at np=3, resume at np=2)."""
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -273,3 +274,62 @@ def test_a_keras_task_survives_a_kill9_equal_to_its_replay(toy_file, tmp_path):
     assert len(got) == len(want) == 5 and got[0].dtype == torch.float64
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
+def test_a_rank_lost_during_start_up_ends_the_job_with_one_line_and_75_then_relaunched(
+        toy_file, tmp_path):
+    """Rank 0 dies as it builds the model (start-up: no snapshot yet to go back to): the
+    survivors agree on who is lost, the lowest one says it once, every one exits 75 without a
+    traceback, and mpilearn-run (ULFM mode) relaunches the job, which trains every event once
+    (the lock the lost rank 0 held is taken over)."""
+    out = str(tmp_path / "run")
+    proc = subprocess.run(
+        [sys.executable, "-m", "mpilearn.run", "-np", "3", "--min-np", "2", sys.executable,
+         *args(toy_file, out, *ONE_EPOCH)], capture_output=True, text=True, timeout=300,
+        cwd=REPO, env={**ENV, "MPILEARN_TEST_KILL_AT_START": f"0:{tmp_path / 'killed-once'}"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert " --with-ft ulfm " in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("mpilearn: lost")]
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("mpilearn: lost rank 0 on ") and \
+        "during start-up (3 -> 2 ranks); nothing trained was lost" in lines[0], lines[0]
+    relaunched = [line for line in proc.stderr.splitlines() if "relaunching" in line]
+    assert len(relaunched) == 1 and re.fullmatch(
+        r"mpilearn-run: the job lost rank 0 on \S+ during start-up \(3 -> 2 ranks\), exit 75; "
+        r"relaunching it with --resume auto \(restart 1 of 3\)", relaunched[0]), proc.stderr
+    model = final_model(out)
+    assert int((model["seen"] == 1).sum()) == 960
+
+
+@pytest.fixture(scope="session")
+def replay_4_to_2(toy_file, tmp_path_factory):
+    """One epoch stopped by a signal after exactly KILL_AFTER steps at np=4, resumed at np=2."""
+    def train(folder):
+        out = str(folder / "run")
+        stop = mpirun(4, args(toy_file, out, *ONE_EPOCH),
+                      env={"MPILEARN_TEST_STOP": str(KILL_AFTER)})
+        assert stop.returncode == 75, stop.stderr
+        proc = mpirun(2, args(toy_file, out, *ONE_EPOCH, "--resume"))
+        assert proc.returncode == 0, proc.stderr
+
+    return str(shared(tmp_path_factory, "elastic-replay-4-2", train) / "run")
+
+
+def test_a_second_loss_during_the_recovery_is_recovered_from_too(toy_file, tmp_path,
+                                                                   replay_4_to_2):
+    """np=4: rank 1 dies mid-epoch, rank 2 as the survivors recover (after the shrink, before
+    they agree on the step): the recovery starts again with the two left, and the run finishes
+    with one membership change naming both, equal to its replay."""
+    out = str(tmp_path / "run")
+    proc = ulfm_run(4, args(toy_file, out, *ONE_EPOCH, "--set", "train.elastic.min_ranks=2"),
+                    {"MPILEARN_TEST_KILL": f"1:{KILL_AFTER}",
+                     "MPILEARN_TEST_KILL_IN_RECOVERY": "2"})
+    assert proc.returncode == 0, proc.stderr
+    assert len(re.findall(rf"mpilearn: lost rank 1 on \S+, rank 2 on \S+ at step {KILL_AFTER + 1} "
+                          rf"\(epoch 1\); going on with 2 rank\(s\) from step {KILL_AFTER}, "
+                          "global batch 8", proc.stdout)) == 1, proc.stdout
+    records = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
+    change = [r["membership"] for r in records if "membership" in r]
+    assert len(change) == 1 and change[0]["lost_ranks"] == [1, 2], change
+    assert (change[0]["old_size"], change[0]["ranks"]) == (4, 2)
+    model = final_model(out)
+    assert int((model["seen"] == 1).sum()) == 960
+    assert_same(model, final_model(replay_4_to_2))

@@ -116,7 +116,8 @@ def main(argv=None) -> int:
                         help="elastic: go on with at least this many ranks")
     parser.add_argument("--max-np", type=int, default=None, help="elastic: at most this many")
     parser.add_argument("--max-restarts", type=int, default=3,
-                        help="relaunch mode: relaunches after a crash (default 3)")
+                        help="relaunches after a crash (relaunch mode) or after ranks lost "
+                             "during start-up (ULFM mode); default 3")
     parser.add_argument("--host-discovery-script", default=None,
                         help="prints the available hosts, one host:slots a line")
     parser.add_argument("command", nargs=argparse.REMAINDER)
@@ -163,6 +164,8 @@ def main(argv=None) -> int:
     return grow_loop(cmd, args.np, growth, rebuild, lambda cmd_, np_, hosts_: (
         relaunch(cmd_, cmd_[0] == "mpirun" and "-np" in cmd_, np_, args.max_restarts, hosts_,
                  args.min_np, rebuild, growth) if mode == "relaunch" else
+        ulfm_relaunch(cmd_, cmd_[0] == "mpirun" and "-np" in cmd_, np_, args.max_restarts,
+                      growth) if mode == "ulfm" else
         launch(cmd_, cmd_[0] == "mpirun" and "-np" in cmd_, np_, growth=growth)), hosts)
 
 
@@ -270,6 +273,35 @@ def relaunch(cmd: List[str], open_mpi: bool, ranks: int, restarts: int,
     return rc
 
 
+def relaunches_asked(path: str) -> List[str]:
+    """The reasons of every ``relaunch`` line in the job's status file."""
+    try:
+        with open(path) as f:
+            return [line.split(" ", 1)[1].strip() for line in f if line.startswith("relaunch ")]
+    except OSError:
+        return []
+
+
+def ulfm_relaunch(cmd: List[str], open_mpi: bool, ranks: int, restarts: int,
+                  growth: Optional[Growth] = None) -> int:
+    """ULFM mode: the survivors of a loss go on in the job, but ranks lost during start-up
+    (before the in-memory cover begins) end it with 75 and a ``relaunch`` note; such a job runs
+    again with ``--resume auto``, up to ``restarts`` times. Any other status is final (a stop
+    signal's or a below-``min_ranks`` 75 included)."""
+    for attempt in range(1, restarts + 2):
+        notes: List[str] = []
+        rc = launch(cmd, open_mpi, ranks, growth=growth, relaunch_notes=notes)
+        if rc != 75 or not notes or attempt > restarts:
+            return rc
+        cmd = with_resume(cmd)
+        sys.stderr.write(f"mpilearn-run: the job {notes[0]}, exit 75; relaunching it with "
+                         f"--resume auto (restart {attempt} of {restarts})\n")
+        sys.stderr.flush()
+        if growth is not None:
+            growth.started()
+    return rc
+
+
 def aborted_ranks(path: str) -> List[tuple]:
     """(rank, code, host) of every rank that recorded an abort in the job's status file."""
     out = []
@@ -298,7 +330,7 @@ ABORT_GRACE = float(os.environ.get("MPILEARN_ABORT_GRACE", "10"))
 
 
 def launch(cmd: List[str], open_mpi: bool, ranks: int = 1, aborted: Optional[list] = None,
-           growth: Optional[Growth] = None) -> int:
+           growth: Optional[Growth] = None, relaunch_notes: Optional[list] = None) -> int:
     """Runs the launcher; SIGINT/SIGTERM/SIGHUP to this process (Ctrl-C, ``kill``) reach
     the ranks as a SIGUSR1, which every launcher forwards and none turns into a kill (Open MPI's
     ``mpirun`` SIGKILLs the ranks 0.5 s after a SIGTERM or SIGINT), with the original signal's
@@ -313,7 +345,8 @@ def launch(cmd: List[str], open_mpi: bool, ranks: int = 1, aborted: Optional[lis
     that a forwarded SIGUSR1 killed anyway ends with one line and status 75 here.
 
     Ranks that abort record it in a status file (``comm.record_abort``; appended to
-    ``aborted`` as (rank, code, host)): the status is then never 0.
+    ``aborted`` as (rank, code, host)): the status is then never 0. A job whose 75 asks to be
+    run again says why there (``comm.record_relaunch``; appended to ``relaunch_notes``).
 
     ``growth`` (an elastic job with a discovery script) is polled once the ranks listen; when
     it offers more slots the job is stopped as by a signal, its reason in the note."""
@@ -366,7 +399,7 @@ def launch(cmd: List[str], open_mpi: bool, ranks: int = 1, aborted: Optional[lis
     aborted_at, killed = None, False
     try:
         while child.poll() is None:
-            if aborted_at is None and os.path.getsize(status):
+            if aborted_at is None and os.path.getsize(status) and aborted_ranks(status):
                 aborted_at = time.monotonic()
             elif aborted_at is not None and time.monotonic() - aborted_at > ABORT_GRACE:
                 sys.stderr.write(f"mpilearn-run: a rank aborted and the launcher has not ended "
@@ -393,6 +426,8 @@ def launch(cmd: List[str], open_mpi: bool, ranks: int = 1, aborted: Optional[lis
         recorded = aborted_ranks(status)
         if aborted is not None:
             aborted.extend(recorded)
+        if relaunch_notes is not None:
+            relaunch_notes.extend(relaunches_asked(status))
         if recorded:
             who = ", ".join(f"rank {a[0]} (code {a[1]}{' on ' + a[2] if len(a) > 2 else ''})"
                             for a in recorded)

@@ -108,13 +108,23 @@ def record_abort(rank: int, code: int) -> None:
     never end when every rank aborts; the launcher reads this file instead of trusting it."""
     import socket
 
+    # the host: relaunch leaves it out
+    _append_status(f"{rank} {code} {socket.gethostname()}\n")
+
+
+def record_relaunch(reason: str) -> None:
+    """``relaunch REASON`` in the job's status file: this job's exit 75 asks ``mpilearn-run`` to
+    run it again (ranks lost during start-up), unlike a stop signal's 75, which is final."""
+    _append_status("relaunch " + " ".join(reason.split()) + "\n")
+
+
+def _append_status(line: str) -> None:
     path = os.environ.get(STATUS_ENV)
     if not path:
         return
     try:
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
-            line = f"{rank} {code} {socket.gethostname()}\n"  # the host: relaunch leaves it out
             os.write(fd, line.encode())  # one write: lines of ranks never mix
         finally:
             os.close(fd)

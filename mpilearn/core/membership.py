@@ -19,7 +19,11 @@ from typing import Callable, List, Optional
 
 from . import comm as mcomm
 
-from ..errors import BELOW_MIN_EXIT, BelowMinRanks  # noqa: F401 (the exit status, named here too)
+from ..errors import BELOW_MIN_EXIT, BelowMinRanks, LostBeforeTraining  # noqa: F401
+
+# what a survivor with nothing in memory to go back to offers in the agreement on the step
+# (it is in start-up, or past its last epoch): the smallest value, so every survivor learns it
+NO_SNAPSHOT = -1
 
 
 class RanksLost(RuntimeError):
@@ -52,9 +56,11 @@ class Change:
     seconds: float = 0.0       # revoke + shrink + agree
     detected: float = field(default_factory=time.time)
 
+    def who(self) -> str:
+        return ", ".join(f"rank {r} on {h}" for r, h in self.lost) or "no rank"
+
     def describe(self) -> str:
-        who = ", ".join(f"rank {r} on {h}" for r, h in self.lost) or "no rank"
-        return f"lost {who}; {self.old_size} -> {self.new_size} ranks"
+        return f"lost {self.who()}; {self.old_size} -> {self.new_size} ranks"
 
     def record(self) -> dict:
         return {"lost_ranks": [r for r, _ in self.lost], "lost_hosts": [h for _, h in self.lost],
@@ -95,6 +101,17 @@ class Membership:
         self.hosts = comm.allgather(socket.gethostname())
         self.changes: List[Change] = []
         self._listeners: List[Callable] = []
+        # where this rank is: a loss outside the training loop ends the job (exit 75)
+        self.phase = "start-up"
+
+    @classmethod
+    def for_context(cls, ctx, min_ranks: int = 1, max_ranks: int = 0) -> "Membership":
+        """The job's membership over ``ctx``'s communicator, which follows every change (and
+        the node-local split and exit barrier with it); made current."""
+        m = cls(ctx.comm, min_ranks, max_ranks)
+        m.on_change(lambda new, change: mcomm.replace_comm(ctx, new))
+        set_current(m)
+        return m
 
     @property
     def rank(self) -> int:
@@ -108,27 +125,35 @@ class Membership:
         """``fn(new_comm, change)`` after every change (whoever holds the communicator)."""
         self._listeners.append(fn)
 
-    def recover(self, detected: Optional[float] = None) -> Change:
+    def base(self) -> tuple:
+        """Who is in the job now: what a recovery's change is measured from (a recovery that
+        a second loss interrupted starts again from the same base, so that its one change
+        names every rank lost since)."""
+        return self.comm.Get_group(), list(self.hosts), self.comm.Get_rank()
+
+    def recover(self, detected: Optional[float] = None, base: Optional[tuple] = None,
+                start: Optional[float] = None) -> Change:
         """Collective over the survivors (each calls it once it saw a failure): revoke, shrink,
         and hand every holder the new communicator. A failure during the shrink itself (a second
-        rank lost meanwhile) is absorbed by MPI_Comm_shrink, which excludes it too."""
+        rank lost meanwhile) is absorbed by MPI_Comm_shrink, which excludes it too; one after
+        it is :func:`recover_then`'s. ``base``: :meth:`base` before the first attempt, ``start``
+        its ``time.perf_counter()`` (the change's seconds count from there)."""
         MPI = mcomm.mpi()
-        start = time.perf_counter()
+        start = start or time.perf_counter()
         old = self.comm
-        old_rank, old_size = old.Get_rank(), old.Get_size()
+        group, hosts, old_rank = base or self.base()
         try:
             old.Revoke()
         except MPI.Exception:  # already revoked by another survivor
             pass
         new = old.Shrink()
         new.Set_errhandler(MPI.ERRORS_RETURN)
-        kept = MPI.Group.Translate_ranks(new.Get_group(), list(range(new.Get_size())),
-                                         old.Get_group())
-        lost = sorted(set(range(old_size)) - set(kept))
-        change = Change(lost=[(r, self.hosts[r]) for r in lost], old_size=old_size,
+        kept = MPI.Group.Translate_ranks(new.Get_group(), list(range(new.Get_size())), group)
+        lost = sorted(set(range(group.Get_size())) - set(kept))
+        change = Change(lost=[(r, hosts[r]) for r in lost], old_size=group.Get_size(),
                         new_size=new.Get_size(), old_rank=old_rank, new_rank=new.Get_rank(),
                         leader_lost=0 in lost, detected=detected or time.time())
-        self.hosts = [self.hosts[r] for r in kept]
+        self.hosts = [hosts[r] for r in kept]
         self.comm = new
         for fn in self._listeners:
             fn(new, change)
@@ -152,6 +177,33 @@ def lost_beneath(comm) -> bool:
         return False
 
 
+def lost(err: BaseException, comm=None) -> bool:
+    """Whether ``err`` says that ranks were lost (MPI's report, or :class:`RanksLost`), or
+    ``comm`` knows of a loss beneath another error (:func:`lost_beneath`)."""
+    return is_failure(err) or isinstance(err, RanksLost) or \
+        (comm is not None and lost_beneath(comm))
+
+
+def recover_then(membership: Membership, on_loss: Callable[[Change], object],
+                 detected: Optional[float] = None):
+    """:meth:`Membership.recover`, then ``on_loss(change)`` (agree, restore) on the new
+    communicator; returns what ``on_loss`` returns. A rank lost while either runs (its
+    collectives raise) starts the recovery again with the smaller set, from the same base:
+    the change ``on_loss`` finally sees names every rank lost since the first failure, and it
+    is the one recorded. Below ``min_ranks`` is ``on_loss``'s to decide (TooFewRanks)."""
+    base, detected = membership.base(), detected or time.time()
+    start, before = time.perf_counter(), len(membership.changes)
+    while True:
+        try:
+            change = membership.recover(detected, base, start)
+            return on_loss(change)
+        except Exception as err:  # noqa: BLE001 - only MPI's loss reports are retried
+            if not lost(err, membership.comm):
+                raise
+        finally:  # an interrupted attempt's change is part of the next one's
+            membership.changes[before:] = membership.changes[before:][-1:]
+
+
 def run_guarded(membership: Membership, fn: Callable, on_loss: Callable[[Change], None]):
     """``fn()``, and after every loss of ranks ``on_loss(change)`` then ``fn()`` again: the loop
     every elastic caller (the driver, ``hvd.elastic.run``) shares. Errors other than a lost
@@ -160,12 +212,33 @@ def run_guarded(membership: Membership, fn: Callable, on_loss: Callable[[Change]
         try:
             return fn()
         except Exception as err:  # noqa: BLE001 - only MPI's loss reports are handled
-            if not (is_failure(err) or isinstance(err, RanksLost)
-                    or lost_beneath(membership.comm)):
+            if not lost(err, membership.comm):
                 raise
             detected = time.time()
-        change = membership.recover(detected)
-        on_loss(change)
+        recover_then(membership, on_loss, detected)
+
+
+def outside_training(membership: Membership, err: BaseException) -> BaseException:
+    """What ``err`` ends the job with where no snapshot covers it: a lost rank in start-up
+    (before the first snapshot) or after the last epoch becomes :class:`LostBeforeTraining`
+    (one line, exit 75), once the survivors agreed on who is lost; any other error is
+    returned as it is. Collective over the survivors: a survivor that is already in the
+    training loop learns it from the agreement (:data:`NO_SNAPSHOT`) and ends too."""
+    if not lost(err, membership.comm):
+        return err
+    change = recover_then(membership, lambda c: (membership.agree_min(NO_SNAPSHOT), c)[1])
+    return before_training(change, membership.phase)
+
+
+def before_training(change: Change, phase: str) -> LostBeforeTraining:
+    """The one line of a loss that no snapshot covers (``phase``: where this rank was)."""
+    what = ("nothing trained was lost" if phase != "training" else
+            "what was trained since the newest checkpoint is lost")
+    err = LostBeforeTraining(f"lost {change.who()} during {phase} ({change.old_size} -> "
+                             f"{change.new_size} ranks); {what}: run it again with "
+                             "--resume auto")
+    err.phase = phase
+    return err
 
 
 _CURRENT: Optional[Membership] = None

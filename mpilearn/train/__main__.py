@@ -63,7 +63,9 @@ before the first step: nothing to save, one line, exit 75 too.
 exit status: 0 done, 1 crash (the failing rank's traceback), 2 bad input,
 3 training stopped by its guard (e.g. the generator emits only empty images, a data read
 failed), 124 a rank stuck (the watchdog: its stack in RUN/watchdog-rankR.txt),
-75 stopped by a signal with its state saved: requeue and run again with --resume auto.
+75 stopped by a signal with its state saved, or an elastic run that lost ranks (below
+train.elastic.min_ranks: checkpointed; during start-up: nothing to save): requeue and run
+again with --resume auto.
 """
 
 
@@ -122,6 +124,7 @@ def run(args, make_config, after=None) -> int:
     ``after(ctx, last epoch record)``; the exit status."""
     from ..cluster import preempt, stage
     from ..core import comm as mcomm
+    from . import elastic
     from .stops import before_start
 
     preempt.install()
@@ -136,6 +139,9 @@ def run(args, make_config, after=None) -> int:
         # save: here, before the heavy imports and the config, and once the Trainer is built
         before_start(ctx.comm)
         config = make_config(ctx)
+        # an elastic run: a rank lost from here on ends start-up with one line and exit 75
+        # (its in-memory cover begins with the first snapshot; README "Elastic training")
+        elastic.join(ctx, config)
         if args.resume and not (args.output or config["output"]):
             raise UsageError("--resume needs the run directory: --output DIR")
         from ..core import runlock
@@ -160,7 +166,7 @@ def run(args, make_config, after=None) -> int:
         if after is not None:
             after(ctx, last)
     except Exception as err:  # mpilearn's own errors become statuses; others abort the job
-        status = exit_status(err, ctx.rank)
+        status = exit_status(elastic.outside_training(err), ctx.rank)
         if launches is not None:
             launches.write(status)
         return mcomm.leaving(preempt.leave(status))

@@ -27,6 +27,38 @@ def settings(config: dict) -> Optional[dict]:
     return e if int(e.get("min_ranks") or 0) > 0 else None
 
 
+def join(ctx, config: dict) -> None:
+    """The job's membership, made before start-up where the run is elastic, so that a rank
+    lost during start-up is named (rank and host) and ends the job with exit 75 on every
+    survivor (:func:`outside_training`) instead of a traceback from each. Start-up itself is
+    not retried: it holds no trained state, and a relaunch reads the same checkpoint."""
+    from ..core import membership
+
+    e = settings(config)
+    if e is not None and config["train"]["backend"] == "mpi" and membership.supported():
+        membership.Membership.for_context(ctx, int(e["min_ranks"]), int(e.get("max_ranks") or 0))
+
+
+def outside_training(err: BaseException) -> BaseException:
+    """``err`` as the job ends with it: a lost rank outside the training loop (start-up, or
+    after the last epoch) becomes one line and exit 75 (``membership.outside_training``); one
+    in start-up is noted for ``mpilearn-run``, which relaunches such a job."""
+    from ..core import membership
+
+    m = membership.current()
+    if m is None:
+        return err
+    err = membership.outside_training(m, err)
+    # a start-up loss asks mpilearn-run (ULFM mode) to run the job again; one in a stop's
+    # checkpoint or after the last epoch does not (the stop, or the finished run, stands)
+    if isinstance(err, membership.LostBeforeTraining) and err.phase.startswith("start-up") \
+            and m.rank == 0:
+        from ..core import comm as mcomm
+
+        mcomm.record_relaunch(str(err).split(";")[0])
+    return err
+
+
 def check(config: dict, size: int) -> None:
     """Bad input (UsageError) for what elastic training cannot do (yet): said before any step."""
     from ..core import membership

@@ -123,15 +123,17 @@ class Trainer:
             dump(config, os.path.join(self.output, "config.yaml"))
 
     def _make_elastic(self, settings: dict) -> None:
-        """The membership every holder of the communicator follows, and the first snapshot."""
-        from ..core import comm as core_comm, membership
+        """The membership every holder of the communicator follows (the one ``train``'s main
+        made before start-up, where it did), and the snapshots."""
+        from ..core import membership
 
-        self.membership = membership.Membership(self.ctx.comm, int(settings["min_ranks"]),
-                                                int(settings.get("max_ranks") or 0))
-        membership.set_current(self.membership)
+        m = membership.current()
+        if m is None or m.comm is not self.ctx.comm:
+            m = membership.Membership.for_context(self.ctx, int(settings["min_ranks"]),
+                                                  int(settings.get("max_ranks") or 0))
+        self.membership = m
 
         def follow(new, change):  # the one list of who holds the job's communicator
-            core_comm.replace_comm(self.ctx, new)
             self.strategy.rebind(new)
             self.task.rebind(new)
 
@@ -340,6 +342,8 @@ class Trainer:
         t = self.config["train"]
         last = {}
         stopped = False
+        if self.membership is not None:  # from here on a lost rank is recovered from
+            self.membership.phase = "training"
         while self.epoch < t["epochs"] and not stopped:
             if self.membership is not None:
                 from ..core.membership import run_guarded
@@ -348,6 +352,8 @@ class Trainer:
             else:
                 record, stopped = self._one_epoch()
             last = record
+        if self.membership is not None:
+            self.membership.phase = "the end of the run (after the last epoch)"
         if self.test_files is not None:
             last["test"] = test_pass(self.task, self.test_files, self.config["train"]["batch_size"],
                                      self.ctx.comm, self.output, self.epoch, self.config)
@@ -383,6 +389,8 @@ class Trainer:
         from ..core import membership
 
         step = self.membership.agree_min(self.snapshots.newest_step())
+        if step == membership.NO_SNAPSHOT:  # some survivor was still starting: all end, exit 75
+            raise membership.before_training(change, "start-up (of other ranks)")
         if change.leader_lost and self.ctx.rank == 0:
             self._take_over_leader()
         # the step in flight (a snapshot may be older: local SGD's are at its averages)
@@ -453,6 +461,8 @@ class Trainer:
         """Rank 0 was lost: this process (the lowest survivor) becomes the run's one writer."""
         from ..core import runlock
 
+        if self.log is not None:  # taken over already (a recovery that a second loss restarted)
+            return
         self.log = loggers.Loggers(self.config["train"]["log"], self.output)
         lock = runlock.RunLock(os.path.join(self.output, runlock.NAME), self.output)
         lock.acquire(force=True)  # its holder is the lost rank 0: MPI said so

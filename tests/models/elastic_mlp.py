@@ -5,6 +5,11 @@ is in the weights and compared with them), for elastic and resume tests.
 with SIGKILL as it starts its step S+1 (after S applied steps); ``MPILEARN_TEST_STOP=S``: every
 rank sends itself SIGTERM after its step S, so the run stops at exactly that step (the replay of
 an elastic run);
+``MPILEARN_TEST_KILL_AT_START=R[:FILE]``: world rank R kills itself as it builds the model
+(start-up, before the weights' broadcast and the first snapshot); with FILE, only if FILE does
+not exist yet (it creates it: a relaunch starts whole);
+``MPILEARN_TEST_KILL_IN_RECOVERY=R``: world rank R kills itself in the survivors' recovery of a
+loss, as its task is rebound to the shrunk communicator (before the agreement on the step);
 ``MPILEARN_TEST_GROW=S:FILE:TEXT``: after step S, world rank 0 writes TEXT (a discovery
 script's answer) to FILE, if it holds anything else, and waits for the stop signal that
 mpilearn-run sends when it sees the new hosts: the growth lands on step S. Environment, not
@@ -39,6 +44,20 @@ def arm(task):
     stop = _env_steps("MPILEARN_TEST_STOP")
     grow = os.environ.get("MPILEARN_TEST_GROW", "").split(":", 2)
     steps = [0]
+    world_rank = mcomm.mpi().COMM_WORLD.Get_rank()
+    at_start, _, once = os.environ.get("MPILEARN_TEST_KILL_AT_START", "").partition(":")
+    if str(world_rank) in at_start.split(",") and not (once and os.path.exists(once)):
+        if once:  # the relaunch starts whole
+            open(once, "w").close()
+        os.kill(os.getpid(), signal.SIGKILL)
+    if str(world_rank) in os.environ.get("MPILEARN_TEST_KILL_IN_RECOVERY", "").split(","):
+        plain_rebind = task.rebind
+
+        def rebind(comm):
+            os.kill(os.getpid(), signal.SIGKILL)
+            plain_rebind(comm)
+
+        task.rebind = rebind
 
     def train_step(batch):
         if kill and mcomm.mpi().COMM_WORLD.Get_rank() in kill[0] and steps[0] == kill[1]:
