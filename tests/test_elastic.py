@@ -156,7 +156,9 @@ def grow_replay(toy_file, tmp_path_factory):
     return str(shared(tmp_path_factory, "elastic-grow-replay", train) / "run")
 
 
-def test_growth_from_2_to_3_ranks_through_a_discovery_script(toy_file, tmp_path, grow_replay):
+def grow_run(toy_file, tmp_path, env=None):
+    """mpilearn-run -np 2 --max-np 3 with a discovery script that offers a third slot after
+    GROW_AT steps (the model file rewrites it, MPILEARN_TEST_GROW)."""
     hosts = tmp_path / "hosts"
     hosts.write_text("localhost:2\n")
     script = tmp_path / "discover.sh"
@@ -169,20 +171,48 @@ def test_growth_from_2_to_3_ranks_through_a_discovery_script(toy_file, tmp_path,
          *args(toy_file, out, *ONE_EPOCH)],
         capture_output=True, text=True, timeout=300, cwd=REPO,
         env={**ENV, "MPILEARN_DISCOVERY_INTERVAL": "0.5",
-             "MPILEARN_TEST_GROW": f"{GROW_AT}:{hosts}:localhost:3"})
+             "MPILEARN_TEST_GROW": f"{GROW_AT}:{hosts}:localhost:3", **(env or {})})
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert " --with-ft ulfm " in proc.stderr  # the ULFM mode (its command line)
-    assert proc.stderr.count("mpilearn-run: growing from 2 to 3 ranks on localhost:3") == 1
-    assert "stopped by the host discovery script (3 slots: growing to 3 ranks)" in proc.stdout
     records = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
     change = [r for r in records if "membership" in r]
     assert len(change) == 1 and change[0]["membership"]["old_size"] == 2
     assert change[0]["membership"]["ranks"] == 3 and change[0]["step"] == GROW_AT
     assert change[0]["position"] == 8 * GROW_AT and change[0]["global_batch"] == 12
+    return proc, out, change[0]["membership"]
+
+
+def assert_every_event_once_equal_to(out, replay_out):
     model = final_model(out)
     assert sorted(model["seen"].unique().tolist()) == [0.0, 1.0]
     assert int((model["seen"] == 1).sum()) == 960
-    assert_same(model, final_model(grow_replay))
+    assert_same(model, final_model(replay_out))
+
+
+def test_growth_from_2_to_3_ranks_spawned_in_process(toy_file, tmp_path, grow_replay):
+    """The discovery script offers a third slot: the two ranks spawn it (MPI_Comm_spawn), send
+    it the run and go on at 3 ranks from the same step, in one launch; the weights equal the
+    stop-and-resume replay."""
+    proc, out, record = grow_run(toy_file, tmp_path)
+    assert "relaunching" not in proc.stderr + proc.stdout
+    assert proc.stdout.count(f"mpilearn: grew to 3 ranks at step {GROW_AT} (epoch 1): spawned "
+                             "rank 2 on ") == 1, proc.stdout
+    assert record["added_ranks"] == [2] and record["spawned"] is True
+    launches = [json.loads(line) for line in open(os.path.join(out, "launches.jsonl"))]
+    assert len(launches) == 1 and launches[0]["exit"] == 0
+    assert_every_event_once_equal_to(out, grow_replay)
+
+
+def test_growth_falls_back_to_a_relaunch_where_the_ranks_cannot_spawn(toy_file, tmp_path,
+                                                                       grow_replay):
+    """MPILEARN_SPAWN=0 (as where a launcher cannot spawn): the job stops at the growth's step
+    with a checkpoint, and mpilearn-run relaunches it at 3 ranks with --resume auto."""
+    proc, out, record = grow_run(toy_file, tmp_path, {"MPILEARN_SPAWN": "0"})
+    assert proc.stderr.count("mpilearn-run: growing from 2 to 3 ranks on localhost:3") == 1
+    assert ("stopped by the host discovery script (3 slots: growing to 3 ranks); not growing "
+            "in process (MPILEARN_SPAWN=0): relaunching; checkpoint ") in proc.stdout
+    assert record["relaunched"]
+    assert_every_event_once_equal_to(out, grow_replay)
 
 
 def test_horovod_elastic_keras_script_survives_kill9():

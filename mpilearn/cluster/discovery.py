@@ -2,9 +2,13 @@
 
 The script prints the hosts now available, ``host:slots`` a line (horovodrun's format). The
 launcher (not a rank: it outlives every launch) runs it at most every ``interval`` seconds;
-when the slots offered (capped at ``--max-np``) exceed the job's ranks, the job is stopped at a
-step boundary like a stop signal (every rank agrees on the step, checkpoints, exits 75) and
-relaunched at the new size with ``--resume auto``; the data position re-shards from events.
+when the slots offered (capped at ``--max-np``) exceed the job's ranks, it asks the job to grow
+as it asks it to stop: the note file names the target (:func:`note`) and a SIGUSR1 reaches the
+ranks, which agree on it in their per-step stop check (no cost on the other steps). Under ULFM
+the ranks then spawn the new ones in-process (``MPI_Comm_spawn``, ``train/engine.py``) and
+rank 0 answers ``grown N`` in the note (:func:`answer`); where they cannot, they stop at that
+step boundary with a checkpoint (exit 75) and the launcher relaunches the job at the new size
+with ``--resume auto``. Either way the data position re-shards from events.
 """
 from __future__ import annotations
 
@@ -15,6 +19,38 @@ import time
 from typing import List, Optional, Tuple
 
 INTERVAL_ENV = "MPILEARN_DISCOVERY_INTERVAL"  # seconds between two runs of the script
+ASK, GROWN = "grow", "grown"  # the note's lines: the launcher's request, rank 0's answer
+
+
+def note(reason: str, ranks: int, hosts: List[Tuple[str, int]]) -> str:
+    """The note file's text for a growth: the reason first (the stop line names it), then
+    the target the ranks read."""
+    return f"{reason}\n{ASK} {ranks} {','.join(f'{h}:{n}' for h, n in hosts)}\n"
+
+
+def requested(path: Optional[str]) -> Optional[Tuple[int, str]]:
+    """(ranks, ``host:slots,...``) that the launcher's note at ``path`` asks the job to grow
+    to, or None (another stop, no note, or one this process cannot read)."""
+    try:
+        with open(path or "") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    for line in lines[1:]:
+        word, _, rest = line.partition(" ")
+        ranks, _, hosts = rest.partition(" ")
+        if word == ASK and ranks.isdigit():
+            return int(ranks), hosts
+    return None
+
+
+def answer(path: Optional[str], ranks: int) -> None:
+    """Rank 0, after an in-process growth: tell the launcher the job has ``ranks`` now."""
+    try:
+        with open(path or "", "w") as f:
+            f.write(f"{GROWN} {ranks}\n")
+    except OSError:  # no launcher's note (plain mpirun), or on another node
+        pass
 
 
 def parse_hosts(spec: str) -> List[Tuple[str, int]]:
@@ -81,3 +117,17 @@ class Growth:
             return None
         self.target = (ranks, hosts)
         return f"the host discovery script ({slots} slots: growing to {ranks} ranks)"
+
+    def grew(self, path: str) -> bool:
+        """Whether the ranks answered the request in the note at ``path`` by growing in
+        process; the job's size is then the target, and polling goes on."""
+        try:
+            with open(path) as f:
+                word, _, ranks = f.readline().strip().partition(" ")
+        except OSError:
+            return False
+        if self.target is None or word != GROWN or not ranks.isdigit():
+            return False
+        self.ranks = int(ranks)
+        self.started()
+        return True

@@ -20,6 +20,7 @@ import sys
 from typing import List, Optional, Tuple
 
 from .discovery import Growth, discover_hosts, parse_hosts
+from .discovery import note as discovery_note
 
 FORWARDED = ("PATH", "PYTHONPATH", "LD_LIBRARY_PATH")
 FORWARDED_PREFIXES = ("MPILEARN_", "OMP_", "NCCL_", "CUDA_", "HOROVOD_", "KERAS_", "TF_")
@@ -316,7 +317,8 @@ def launch(cmd: List[str], open_mpi: bool, ranks: int = 1, aborted: Optional[lis
     ``aborted`` as (rank, code, host)): the status is then never 0.
 
     ``growth`` (an elastic job with a discovery script) is polled once the ranks listen; when
-    it offers more slots the job is stopped as by a signal, its reason in the note."""
+    it offers more slots the job is asked to grow as by a stop signal, its reason and target
+    in the note: the ranks grow in process and answer there, or stop (75) to be relaunched."""
     import glob
     import signal
     import tempfile
@@ -378,10 +380,12 @@ def launch(cmd: List[str], open_mpi: bool, ranks: int = 1, aborted: Optional[lis
                 break
             listening = len(glob.glob(glob.escape(note) + ".*")) >= ranks
             if growth is not None and not seen and not held and listening:
-                reason = growth.poll()
-                if reason:  # stopped at the next step boundary, then relaunched larger
+                # grown in process (rank 0 answered in the note), or the ranks are asked to
+                # grow at the next step boundary (in process, else stopped and relaunched)
+                reason = None if growth.grew(note) else growth.poll()
+                if reason:
                     with open(note, "w") as f:
-                        f.write(reason + "\n")
+                        f.write(discovery_note(reason, *growth.target))
                     held.append(time.monotonic())
             if held and (listening or time.monotonic() - held[0] > READY_WAIT):
                 held.clear()

@@ -72,8 +72,9 @@ def init(comm=None) -> Context:
     return _CONTEXT
 
 
-def replace_comm(ctx: Context, comm) -> None:
+def replace_comm(ctx: Context, comm, shrunk: bool = True) -> None:
     """Collective on ``comm``: from now on the job is ``comm`` (the survivors of a lost rank,
+    or the ranks with the ones spawned to join them, ``shrunk=False``:
     :mod:`mpilearn.core.membership`); the node-local split and the exit barrier follow it."""
     MPI = mpi()
     ctx.comm = comm
@@ -81,7 +82,9 @@ def replace_comm(ctx: Context, comm) -> None:
     ctx.gpus_per_task = None
     if _EXIT_GUARD:
         _EXIT_GUARD["comm"] = comm.Dup()
-        _EXIT_GUARD["shrunk"] = True
+        # a grown job without a loss finalizes as usual (mpirun reads a rank that exits
+        # without MPI_Finalize as failed when no rank was lost)
+        _EXIT_GUARD["shrunk"] = _EXIT_GUARD.get("shrunk", False) or shrunk
 
 
 def check_launch(ctx: Context) -> str:
