@@ -5,10 +5,12 @@ launcher (not a rank: it outlives every launch) runs it at most every ``interval
 when the slots offered (capped at ``--max-np``) exceed the job's ranks, it asks the job to grow
 as it asks it to stop: the note file names the target (:func:`note`) and a SIGUSR1 reaches the
 ranks, which agree on it in their per-step stop check (no cost on the other steps). Under ULFM
-the ranks then spawn the new ones in-process (``MPI_Comm_spawn``, ``train/engine.py``) and
-rank 0 answers ``grown N`` in the note (:func:`answer`); where they cannot, they stop at that
-step boundary with a checkpoint (exit 75) and the launcher relaunches the job at the new size
-with ``--resume auto``. Either way the data position re-shards from events.
+the ranks then spawn the new ones in-process (``MPI_Comm_spawn``, ``train/engine.py``); where
+they cannot, they stop at that step boundary with a checkpoint (exit 75) and the launcher
+relaunches the job at the new size with ``--resume auto``. Either way the data position
+re-shards from events. Rank 0 tells the launcher the job's size after every in-process change
+(a growth, a lost rank) in the answer file beside the note (:func:`answer`), so that a job that
+lost ranks grows back when the script offers their slots again.
 """
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ import time
 from typing import List, Optional, Tuple
 
 INTERVAL_ENV = "MPILEARN_DISCOVERY_INTERVAL"  # seconds between two runs of the script
-ASK, GROWN = "grow", "grown"  # the note's lines: the launcher's request, rank 0's answer
+ASK = "grow"  # the note's line with the launcher's request: grow RANKS HOSTS
 
 
 def note(reason: str, ranks: int, hosts: List[Tuple[str, int]]) -> str:
@@ -44,12 +46,19 @@ def requested(path: Optional[str]) -> Optional[Tuple[int, str]]:
     return None
 
 
-def answer(path: Optional[str], ranks: int) -> None:
-    """Rank 0, after an in-process growth: tell the launcher the job has ``ranks`` now."""
+def answer_path(note_path: str) -> str:
+    """Beside the note, not ``<note>.*`` (the launcher counts those as listening ranks)."""
+    return note_path + "-ranks"
+
+
+def answer(note_path: Optional[str], ranks: int) -> None:
+    """Rank 0, after an in-process growth or loss: tell the launcher the job has ``ranks``."""
+    if not note_path:  # no launcher's note (plain mpirun)
+        return
     try:
-        with open(path or "", "w") as f:
-            f.write(f"{GROWN} {ranks}\n")
-    except OSError:  # no launcher's note (plain mpirun), or on another node
+        with open(answer_path(note_path), "w") as f:
+            f.write(f"{ranks}\n")
+    except OSError:  # on another node than the launcher
         pass
 
 
@@ -118,16 +127,18 @@ class Growth:
         self.target = (ranks, hosts)
         return f"the host discovery script ({slots} slots: growing to {ranks} ranks)"
 
-    def grew(self, path: str) -> bool:
-        """Whether the ranks answered the request in the note at ``path`` by growing in
-        process; the job's size is then the target, and polling goes on."""
+    def grew(self, note_path: str) -> bool:
+        """Whether the ranks changed size in process (rank 0's answer beside the note at
+        ``note_path``): a growth asked for is then done, and polling goes on from that size."""
         try:
-            with open(path) as f:
-                word, _, ranks = f.readline().strip().partition(" ")
+            with open(answer_path(note_path)) as f:
+                ranks = f.read().strip()
+            os.unlink(answer_path(note_path))
         except OSError:
             return False
-        if self.target is None or word != GROWN or not ranks.isdigit():
+        if not ranks.isdigit():
             return False
         self.ranks = int(ranks)
-        self.started()
+        if self.target is not None:
+            self.started()
         return True

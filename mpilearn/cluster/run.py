@@ -20,7 +20,7 @@ import sys
 from typing import List, Optional, Tuple
 
 from .discovery import Growth, discover_hosts, parse_hosts
-from .discovery import note as discovery_note
+from .discovery import answer_path, note as discovery_note
 
 FORWARDED = ("PATH", "PYTHONPATH", "LD_LIBRARY_PATH")
 FORWARDED_PREFIXES = ("MPILEARN_", "OMP_", "NCCL_", "CUDA_", "HOROVOD_", "KERAS_", "TF_")
@@ -406,6 +406,8 @@ def launch(cmd: List[str], open_mpi: bool, ranks: int = 1, aborted: Optional[lis
             signal.signal(s, handler)
         for path in [note, status] + glob.glob(glob.escape(note) + ".*"):
             os.unlink(path)
+        if os.path.exists(answer_path(note)):
+            os.unlink(answer_path(note))
     rc = 128 - rc if rc < 0 else rc
     if killed:  # the status is the ranks' record, not the SIGKILL's
         rc = 0

@@ -243,12 +243,22 @@ def joined():
     """In a process that :func:`spawn` started: the merged communicator (its parents
     first); None in a process that a launcher started."""
     MPI = mcomm.mpi()
+    global _SPAWNED
     parent = MPI.Comm.Get_parent()
     if parent == MPI.COMM_NULL:
         return None
     merged = parent.Merge(high=True)
     parent.Disconnect()
+    _SPAWNED = True
     return merged
+
+
+_SPAWNED = False
+
+
+def spawned() -> bool:
+    """Whether this process joined a running job (:func:`joined`), not started with it."""
+    return _SPAWNED
 
 
 def spawned_command() -> List[str]:

@@ -410,6 +410,9 @@ class Trainer:
                 "epoch": self.epoch + 1, "step": self.global_step, "membership": change.record(),
                 "position": self.position, "global_batch": self.loader.global_batch,
                 "lr": lr})
+            from ..cluster import discovery  # the launcher's discovery poll: grow back from here
+
+            discovery.answer(os.environ.get(preempt.NOTE_ENV), self.ctx.size)
         self._first_after_loss = True
         if below:
             self._save()
