@@ -176,24 +176,28 @@ def grow_run(toy_file, tmp_path, env=None):
     assert " --with-ft ulfm " in proc.stderr  # the ULFM mode (its command line)
     records = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
     change = [r for r in records if "membership" in r]
-    assert len(change) == 1 and change[0]["membership"]["old_size"] == 2
+    assert change[0]["membership"]["old_size"] == 2
     assert change[0]["membership"]["ranks"] == 3 and change[0]["step"] == GROW_AT
     assert change[0]["position"] == 8 * GROW_AT and change[0]["global_batch"] == 12
-    return proc, out, change[0]["membership"]
+    return proc, out, [c["membership"] for c in change]
 
 
-def assert_every_event_once_equal_to(out, replay_out):
+def assert_every_event_once(out):
     model = final_model(out)
     assert sorted(model["seen"].unique().tolist()) == [0.0, 1.0]
     assert int((model["seen"] == 1).sum()) == 960
-    assert_same(model, final_model(replay_out))
+    return model
+
+
+def assert_every_event_once_equal_to(out, replay_out):
+    assert_same(assert_every_event_once(out), final_model(replay_out))
 
 
 def test_growth_from_2_to_3_ranks_spawned_in_process(toy_file, tmp_path, grow_replay):
     """The discovery script offers a third slot: the two ranks spawn it (MPI_Comm_spawn), send
     it the run and go on at 3 ranks from the same step, in one launch; the weights equal the
     stop-and-resume replay."""
-    proc, out, record = grow_run(toy_file, tmp_path)
+    proc, out, (record,) = grow_run(toy_file, tmp_path)
     assert "relaunching" not in proc.stderr + proc.stdout
     assert proc.stdout.count(f"mpilearn: grew to 3 ranks at step {GROW_AT} (epoch 1): spawned "
                              "rank 2 on ") == 1, proc.stdout
@@ -207,12 +211,25 @@ def test_growth_falls_back_to_a_relaunch_where_the_ranks_cannot_spawn(toy_file, 
                                                                        grow_replay):
     """MPILEARN_SPAWN=0 (as where a launcher cannot spawn): the job stops at the growth's step
     with a checkpoint, and mpilearn-run relaunches it at 3 ranks with --resume auto."""
-    proc, out, record = grow_run(toy_file, tmp_path, {"MPILEARN_SPAWN": "0"})
+    proc, out, (record,) = grow_run(toy_file, tmp_path, {"MPILEARN_SPAWN": "0"})
     assert proc.stderr.count("mpilearn-run: growing from 2 to 3 ranks on localhost:3") == 1
     assert ("stopped by the host discovery script (3 slots: growing to 3 ranks); not growing "
             "in process (MPILEARN_SPAWN=0): relaunching; checkpoint ") in proc.stdout
     assert record["relaunched"]
     assert_every_event_once_equal_to(out, grow_replay)
+
+
+def test_a_spawned_rank_killed_after_the_growth_is_survived(toy_file, tmp_path):
+    """The rank spawned at step GROW_AT is killed after 10 steps of its own: the two first
+    ranks shrink back and finish, every event once; mpilearn-run exits with the job's own
+    status, not mpirun's 137 for the spawned rank (open-mpi/ompi#13325)."""
+    proc, out, (grown, lost) = grow_run(toy_file, tmp_path, {"MPILEARN_TEST_KILL": "spawned:10"})
+    assert f"grew to 3 ranks at step {GROW_AT} (epoch 1)" in proc.stdout
+    assert (f"mpilearn: lost rank 2 on {grown['added_hosts'][0]} at step {GROW_AT + 11} (epoch "
+            f"1); going on with 2 rank(s) from step {GROW_AT + 10}, global batch 8") in proc.stdout
+    assert lost["lost_ranks"] == [2] and lost["ranks"] == 2
+    assert "the job's own status is 0" in proc.stderr
+    assert_every_event_once(out)
 
 
 def test_horovod_elastic_keras_script_survives_kill9():

@@ -285,6 +285,16 @@ def aborted_ranks(path: str) -> List[tuple]:
     return out
 
 
+def ended_status(path: str) -> Optional[int]:
+    """The status rank 0 recorded (``end CODE``) after ranks were lost in process, or None."""
+    try:
+        with open(path) as f:
+            ends = [line.split()[1] for line in f if line.startswith("end ")]
+    except OSError:
+        return None
+    return int(ends[-1]) if ends and ends[-1].lstrip("-").isdigit() else None
+
+
 def honest_status(rc: int, aborted: List[Tuple[int, int]]) -> int:
     """The job's exit status: never 0 when a rank aborted, whatever the launcher said."""
     if aborted and rc == 0:
@@ -395,6 +405,7 @@ def launch(cmd: List[str], open_mpi: bool, ranks: int = 1, aborted: Optional[lis
         if growth is not None:
             growth.interrupted = bool(seen)
         recorded = aborted_ranks(status)
+        ended = ended_status(status)
         if aborted is not None:
             aborted.extend(recorded)
         if recorded:
@@ -412,6 +423,10 @@ def launch(cmd: List[str], open_mpi: bool, ranks: int = 1, aborted: Optional[lis
     if killed:  # the status is the ranks' record, not the SIGKILL's
         rc = 0
     rc = honest_status(rc, recorded)
+    if ended is not None and rc > 128 and not recorded and not seen:
+        sys.stderr.write(f"mpilearn-run: the launcher exited {rc} for a rank the job had lost "
+                         f"and survived; the job's own status is {ended}\n")
+        return ended
     report = scanner.text()
     # a rank with no handler yet died of it (Open MPI: 128 + 10, Hydra: 10): say it once
     if len(seen) == 1 and rc in (128 + signal.SIGUSR1, signal.SIGUSR1):

@@ -125,6 +125,20 @@ def record_abort(rank: int, code: int) -> None:
         pass
 
 
+def record_end(code: int) -> None:
+    """Rank 0 of a job that lost ranks in process: ``end CODE`` in the status file, the run's
+    own status. ``mpirun`` (Open MPI 5.0.11) exits 137 once a rank that the job had spawned
+    was killed, although the others survived it and finished (open-mpi/ompi#13325)."""
+    path = os.environ.get(STATUS_ENV)
+    if not path:
+        return
+    try:
+        with open(path, "a") as f:
+            f.write(f"end {code}\n")
+    except OSError:  # another node than the launcher
+        pass
+
+
 def abort(world, code: int) -> None:
     """MPI_Abort with ``code``, recorded for the launcher first."""
     record_abort(world.Get_rank(), code)

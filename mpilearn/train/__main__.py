@@ -168,10 +168,20 @@ def run(args, make_config, after=None) -> int:
         status = exit_status(err, ctx.rank)
         if launches is not None:
             launches.write(status)
-        return mcomm.leaving(preempt.leave(status))
+        return mcomm.leaving(preempt.leave(_survived(ctx, status)))
     launches.write(0)
     # finished: a stop signal from here on (its exit takes seconds) has nothing to stop
-    return mcomm.leaving(preempt.leave(0))
+    return mcomm.leaving(preempt.leave(_survived(ctx, 0)))
+
+
+def _survived(ctx, status: int) -> int:
+    """``status``; recorded for the launcher by rank 0 where ranks were lost in process."""
+    from ..core import comm as mcomm, membership
+
+    m = membership.current()
+    if ctx.rank == 0 and m is not None and any(c.lost for c in m.changes):
+        mcomm.record_end(status)
+    return status
 
 
 def _newcomer(ctx, merged) -> int:
@@ -188,8 +198,8 @@ def _newcomer(ctx, merged) -> int:
     try:
         Trainer.newcomer(ctx, merged).fit()
     except Exception as err:  # as a launched rank's: statuses, one message from rank 0
-        return mcomm.leaving(preempt.leave(exit_status(err, ctx.rank)))
-    return mcomm.leaving(preempt.leave(0))
+        return mcomm.leaving(preempt.leave(_survived(ctx, exit_status(err, ctx.rank))))
+    return mcomm.leaving(preempt.leave(_survived(ctx, 0)))
 
 
 if __name__ == "__main__":
