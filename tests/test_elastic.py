@@ -219,6 +219,26 @@ def test_growth_falls_back_to_a_relaunch_where_the_ranks_cannot_spawn(toy_file, 
     assert_every_event_once_equal_to(out, grow_replay)
 
 
+@pytest.mark.parametrize("hosts", ["localhost:3", ""])
+def test_spawn_merges_a_rank_after_the_others_or_every_rank_sees_the_refusal(hosts):
+    """membership.spawn under a real mpirun with 2 slots: with a third slot added
+    (PMIX_ADD_HOST) the newcomer is rank 2 of the merged communicator and knows it joined;
+    without one, every rank gets the MPI error that turns a growth into the relaunch."""
+    env = {k: v for k, v in ENV.items() if "oversubscribe" not in (k + v).lower()}
+    proc = subprocess.run(["mpirun", "--with-ft", "ulfm", "-np", "2", "-H", "localhost:2",
+                           "--bind-to", "none", sys.executable,
+                           os.path.join(TESTS, "scripts", "spawn_ranks.py"), hosts],
+                          capture_output=True, text=True, timeout=120, cwd=REPO, env=env)
+    lines = sorted(proc.stdout.splitlines())
+    if hosts:
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert [json.loads(line) for line in lines] == [
+            {"rank": r, "size": 3, "spawned": [False, False, True]} for r in range(3)]
+    else:  # mpirun then exits 213, whatever the ranks' status: mpilearn-run reads rank 0's
+        assert [json.loads(line) for line in lines] == [{"refused": "MPI_ERR_UNKNOWN: unknown "
+                                                                   "error"}] * 2, proc.stderr
+
+
 def test_a_spawned_rank_killed_after_the_growth_is_survived(toy_file, tmp_path):
     """The rank spawned at step GROW_AT is killed after 10 steps of its own: the two first
     ranks shrink back and finish, every event once; mpilearn-run exits with the job's own

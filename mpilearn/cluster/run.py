@@ -286,7 +286,7 @@ def aborted_ranks(path: str) -> List[tuple]:
 
 
 def ended_status(path: str) -> Optional[int]:
-    """The status rank 0 recorded (``end CODE``) after ranks were lost in process, or None."""
+    """The status rank 0 of an elastic job recorded (``end CODE``), or None."""
     try:
         with open(path) as f:
             ends = [line.split()[1] for line in f if line.startswith("end ")]
@@ -424,8 +424,9 @@ def launch(cmd: List[str], open_mpi: bool, ranks: int = 1, aborted: Optional[lis
         rc = 0
     rc = honest_status(rc, recorded)
     if ended is not None and rc > 128 and not recorded and not seen:
-        sys.stderr.write(f"mpilearn-run: the launcher exited {rc} for a rank the job had lost "
-                         f"and survived; the job's own status is {ended}\n")
+        sys.stderr.write(f"mpilearn-run: the launcher exited {rc} (a spawned rank lost, or a "
+                         f"refused spawn, which the job survived); the job's own status is "
+                         f"{ended}\n")
         return ended
     report = scanner.text()
     # a rank with no handler yet died of it (Open MPI: 128 + 10, Hydra: 10): say it once

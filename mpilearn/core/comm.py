@@ -126,9 +126,10 @@ def record_abort(rank: int, code: int) -> None:
 
 
 def record_end(code: int) -> None:
-    """Rank 0 of a job that lost ranks in process: ``end CODE`` in the status file, the run's
-    own status. ``mpirun`` (Open MPI 5.0.11) exits 137 once a rank that the job had spawned
-    was killed, although the others survived it and finished (open-mpi/ompi#13325)."""
+    """Rank 0 of an elastic job: ``end CODE`` in the status file, the run's own status.
+    ``mpirun --with-ft ulfm`` (Open MPI 5.0.11) exits 137 once a rank that the job had spawned
+    was killed, although the others survived it and finished (open-mpi/ompi#13325), and 213
+    after an ``MPI_Comm_spawn`` it refused, although the ranks then stopped with 75."""
     path = os.environ.get(STATUS_ENV)
     if not path:
         return

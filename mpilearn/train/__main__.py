@@ -175,11 +175,10 @@ def run(args, make_config, after=None) -> int:
 
 
 def _survived(ctx, status: int) -> int:
-    """``status``; recorded for the launcher by rank 0 where ranks were lost in process."""
+    """``status``; recorded for the launcher by rank 0 of an elastic run (``comm.record_end``)."""
     from ..core import comm as mcomm, membership
 
-    m = membership.current()
-    if ctx.rank == 0 and m is not None and any(c.lost for c in m.changes):
+    if ctx.rank == 0 and membership.current() is not None:
         mcomm.record_end(status)
     return status
 
