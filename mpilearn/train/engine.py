@@ -537,6 +537,7 @@ class Trainer:
 
         old_lr = self.lr
         change = self.membership.grow(merged, newcomer, seconds)
+        mcomm.bind(self.ctx, self.ctx.device)  # CPU threads for the ranks now on this node
         self._restore_snapshot(snap)
         lr = self._set_lr()
         if self.ctx.rank == 0:
