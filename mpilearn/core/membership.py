@@ -160,13 +160,14 @@ class Membership:
         self.changes.append(change)
         return change
 
-    def grow(self, merged, newcomer: bool = False, seconds: float = 0.0) -> Change:
+    def grow(self, merged, newcomer: bool = False, started: Optional[float] = None) -> Change:
         """Collective over the merged communicator (the ranks before, then the newcomers that
         :func:`spawn` started, ``newcomer``): every holder follows it. ``Change.added`` names
-        the newcomers."""
+        the newcomers; ``seconds``: since ``started`` (a perf_counter) until all are here."""
         MPI = mcomm.mpi()
         merged.Set_errhandler(MPI.ERRORS_RETURN)
         old_size = merged.allreduce(0 if newcomer else 1)
+        seconds = time.perf_counter() - started if started is not None else 0.0
         old_rank = -1 if newcomer else self.comm.Get_rank()
         self.hosts = merged.allgather(socket.gethostname())
         self.comm = merged

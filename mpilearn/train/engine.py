@@ -515,7 +515,7 @@ class Trainer:
         snap = self.snapshots.kept[-1]
         merged.bcast(elastic.Joining(self.config, self.plan, snap, self.spawn_command)
                      if self.ctx.rank == 0 else None, root=0)
-        self._join(merged, snap, newcomer=False, seconds=time.perf_counter() - start)
+        self._join(merged, snap, newcomer=False, started=start)
         preempt.reset()  # the launcher's SIGUSR1 asked for this growth, not for a stop
 
     @classmethod
@@ -530,13 +530,14 @@ class Trainer:
         trainer._join(merged, joining.snapshot, newcomer=True)
         return trainer
 
-    def _join(self, merged, snap, newcomer: bool, seconds: float = 0.0) -> None:
+    def _join(self, merged, snap, newcomer: bool, started: Optional[float] = None) -> None:
         """Collective over the grown job: its communicator everywhere, rank 0's models, the
-        position re-sharded on the new size (as a resume at that size), the one line."""
+        position re-sharded on the new size (as a resume at that size), the one line (the
+        seconds from the spawn to the newcomers' arrival here: the old ranks' pause)."""
         from ..cluster import discovery
 
         old_lr = self.lr
-        change = self.membership.grow(merged, newcomer, seconds)
+        change = self.membership.grow(merged, newcomer, started)
         mcomm.bind(self.ctx, self.ctx.device)  # CPU threads for the ranks now on this node
         self._restore_snapshot(snap)
         lr = self._set_lr()
