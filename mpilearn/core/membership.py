@@ -228,8 +228,7 @@ def spawn(comm, count: int, command: List[str], hosts: str = ""):
     if hosts:
         info.Set("PMIX_ADD_HOST", hosts)
     info.Set("bind-to", "none")  # as mpilearn-run launches the first ranks
-    env = [f"{k}={v}" for k, v in os.environ.items() if not k.startswith(RUNTIME_PREFIXES)
-           and "=" not in k]
+    env = [f"{k}={v}" for k, v in os.environ.items() if not k.startswith(RUNTIME_PREFIXES)]
     try:
         inter = comm.Spawn("/usr/bin/env", env + list(command), maxprocs=count, info=info,
                            root=0)
