@@ -159,7 +159,9 @@ def grow_replay(toy_file, tmp_path_factory):
     return str(shared(tmp_path_factory, "elastic-grow-replay", train) / "run")
 
 
-def test_growth_from_2_to_3_ranks_through_a_discovery_script(toy_file, tmp_path, grow_replay):
+def grow_run(toy_file, tmp_path, env=None):
+    """mpilearn-run -np 2 --max-np 3 with a discovery script that offers a third slot after
+    GROW_AT steps (the model file rewrites it, MPILEARN_TEST_GROW)."""
     hosts = tmp_path / "hosts"
     hosts.write_text("localhost:2\n")
     script = tmp_path / "discover.sh"
@@ -172,20 +174,85 @@ def test_growth_from_2_to_3_ranks_through_a_discovery_script(toy_file, tmp_path,
          *args(toy_file, out, *ONE_EPOCH)],
         capture_output=True, text=True, timeout=300, cwd=REPO,
         env={**ENV, "MPILEARN_DISCOVERY_INTERVAL": "0.5",
-             "MPILEARN_TEST_GROW": f"{GROW_AT}:{hosts}:localhost:3"})
+             "MPILEARN_TEST_GROW": f"{GROW_AT}:{hosts}:localhost:3", **(env or {})})
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert " --with-ft ulfm " in proc.stderr  # the ULFM mode (its command line)
-    assert proc.stderr.count("mpilearn-run: growing from 2 to 3 ranks on localhost:3") == 1
-    assert "stopped by the host discovery script (3 slots: growing to 3 ranks)" in proc.stdout
     records = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
     change = [r for r in records if "membership" in r]
-    assert len(change) == 1 and change[0]["membership"]["old_size"] == 2
+    assert change[0]["membership"]["old_size"] == 2
     assert change[0]["membership"]["ranks"] == 3 and change[0]["step"] == GROW_AT
     assert change[0]["position"] == 8 * GROW_AT and change[0]["global_batch"] == 12
+    return proc, out, [c["membership"] for c in change]
+
+
+def assert_every_event_once(out):
     model = final_model(out)
     assert sorted(model["seen"].unique().tolist()) == [0.0, 1.0]
     assert int((model["seen"] == 1).sum()) == 960
-    assert_same(model, final_model(grow_replay))
+    return model
+
+
+def assert_every_event_once_equal_to(out, replay_out):
+    assert_same(assert_every_event_once(out), final_model(replay_out))
+
+
+def test_growth_from_2_to_3_ranks_spawned_in_process(toy_file, tmp_path, grow_replay):
+    """The discovery script offers a third slot: the two ranks spawn it (MPI_Comm_spawn), send
+    it the run and go on at 3 ranks from the same step, in one launch; the weights equal the
+    stop-and-resume replay."""
+    proc, out, (record,) = grow_run(toy_file, tmp_path)
+    assert "relaunching" not in proc.stderr + proc.stdout
+    assert proc.stdout.count(f"mpilearn: grew to 3 ranks at step {GROW_AT} (epoch 1): spawned "
+                             "rank 2 on ") == 1, proc.stdout
+    assert record["added_ranks"] == [2] and record["spawned"] is True
+    launches = [json.loads(line) for line in open(os.path.join(out, "launches.jsonl"))]
+    assert len(launches) == 1 and launches[0]["exit"] == 0
+    assert_every_event_once_equal_to(out, grow_replay)
+
+
+def test_growth_falls_back_to_a_relaunch_where_the_ranks_cannot_spawn(toy_file, tmp_path,
+                                                                       grow_replay):
+    """MPILEARN_SPAWN=0 (as where a launcher cannot spawn): the job stops at the growth's step
+    with a checkpoint, and mpilearn-run relaunches it at 3 ranks with --resume auto."""
+    proc, out, (record,) = grow_run(toy_file, tmp_path, {"MPILEARN_SPAWN": "0"})
+    assert proc.stderr.count("mpilearn-run: growing from 2 to 3 ranks on localhost:3") == 1
+    assert ("stopped by the host discovery script (3 slots: growing to 3 ranks); not growing "
+            "in process (MPILEARN_SPAWN=0): relaunching; checkpoint ") in proc.stdout
+    assert record["relaunched"]
+    assert_every_event_once_equal_to(out, grow_replay)
+
+
+@pytest.mark.parametrize("hosts", ["localhost:3", ""])
+def test_spawn_merges_a_rank_after_the_others_or_every_rank_sees_the_refusal(hosts):
+    """membership.spawn under a real mpirun with 2 slots: with a third slot added
+    (PMIX_ADD_HOST) the newcomer is rank 2 of the merged communicator and knows it joined;
+    without one, every rank gets the MPI error that turns a growth into the relaunch."""
+    env = {k: v for k, v in ENV.items() if "oversubscribe" not in (k + v).lower()}
+    proc = subprocess.run(["mpirun", "--with-ft", "ulfm", "-np", "2", "-H", "localhost:2",
+                           "--bind-to", "none", sys.executable,
+                           os.path.join(TESTS, "scripts", "spawn_ranks.py"), hosts],
+                          capture_output=True, text=True, timeout=120, cwd=REPO, env=env)
+    lines = sorted(proc.stdout.splitlines())
+    if hosts:
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert [json.loads(line) for line in lines] == [
+            {"rank": r, "size": 3, "spawned": [False, False, True]} for r in range(3)]
+    else:  # mpirun then exits 213, whatever the ranks' status: mpilearn-run reads rank 0's
+        assert [json.loads(line) for line in lines] == [{"refused": "MPI_ERR_UNKNOWN: unknown "
+                                                                   "error"}] * 2, proc.stderr
+
+
+def test_a_spawned_rank_killed_after_the_growth_is_survived(toy_file, tmp_path):
+    """The rank spawned at step GROW_AT is killed after 10 steps of its own: the two first
+    ranks shrink back and finish, every event once; mpilearn-run exits with the job's own
+    status, not mpirun's 137 for the spawned rank (open-mpi/ompi#13325)."""
+    proc, out, (grown, lost) = grow_run(toy_file, tmp_path, {"MPILEARN_TEST_KILL": "spawned:10"})
+    assert f"grew to 3 ranks at step {GROW_AT} (epoch 1)" in proc.stdout
+    assert (f"mpilearn: lost rank 2 on {grown['added_hosts'][0]} at step {GROW_AT + 11} (epoch "
+            f"1); going on with 2 rank(s) from step {GROW_AT + 10}, global batch 8") in proc.stdout
+    assert lost["lost_ranks"] == [2] and lost["ranks"] == 2
+    assert "the job's own status is 0" in proc.stderr
+    assert_every_event_once(out)
 
 
 def test_horovod_elastic_keras_script_survives_kill9():

@@ -1,6 +1,8 @@
 """mpilearn-run's elastic side (issue 45): horovodrun's --min-np/--max-np flags, an honest exit
 status when ranks aborted (Open MPI 5 under --with-ft ulfm never ended a job whose ranks all
 called MPI_Abort), and the relaunch mode for launchers without ULFM."""
+import os
+import signal
 import socket
 import subprocess
 import sys
@@ -98,3 +100,30 @@ def test_growth_asks_the_discovery_script_and_relaunches_larger_with_resume(tmp_
     launches.clear()
     assert grow_loop(command(3, None), 3, growth, command, run_once) == 75
     assert len(launches) == 1
+
+
+def test_the_growth_note_asks_the_ranks_and_their_answer_sets_the_size(tmp_path):
+    """The launcher's note names the reason first (the stop line) and the target after it;
+    rank 0's answer beside it (after a growth in process, or a loss) is the size polled from."""
+    from mpilearn.cluster import discovery, preempt
+
+    note = str(tmp_path / "job.signal")
+    with open(note, "w") as f:
+        f.write(discovery.note("the script (3 slots)", 3, [("a", 2), ("b", 1)]))
+    assert discovery.requested(note) == (3, "a:2,b:1")
+    with open(note, "w") as f:
+        f.write("SIGTERM\n")  # a person's stop: no growth
+    assert discovery.requested(note) is None and discovery.requested(None) is None
+    os.environ[preempt.NOTE_ENV] = note
+    try:
+        assert preempt.describe(1 << signal.SIGUSR1) == "SIGTERM"
+    finally:
+        del os.environ[preempt.NOTE_ENV]
+    growth = Growth(str(tmp_path / "absent.sh"), ranks=3, max_ranks=4, interval=0)
+    growth.target = (4, [("a", 4)])
+    assert not growth.grew(note)  # no answer yet
+    discovery.answer(note, 4)
+    assert not os.path.exists(note + ".4")  # not counted as a listening rank
+    assert growth.grew(note) and growth.ranks == 4 and growth.target is None
+    discovery.answer(note, 2)  # a loss: the next offer of 3 slots grows the job back
+    assert growth.grew(note) and growth.ranks == 2

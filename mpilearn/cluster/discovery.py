@@ -2,9 +2,15 @@
 
 The script prints the hosts now available, ``host:slots`` a line (horovodrun's format). The
 launcher (not a rank: it outlives every launch) runs it at most every ``interval`` seconds;
-when the slots offered (capped at ``--max-np``) exceed the job's ranks, the job is stopped at a
-step boundary like a stop signal (every rank agrees on the step, checkpoints, exits 75) and
-relaunched at the new size with ``--resume auto``; the data position re-shards from events.
+when the slots offered (capped at ``--max-np``) exceed the job's ranks, it asks the job to grow
+as it asks it to stop: the note file names the target (:func:`note`) and a SIGUSR1 reaches the
+ranks, which agree on it in their per-step stop check (no cost on the other steps). Under ULFM
+the ranks then spawn the new ones in-process (``MPI_Comm_spawn``, ``train/engine.py``); where
+they cannot, they stop at that step boundary with a checkpoint (exit 75) and the launcher
+relaunches the job at the new size with ``--resume auto``. Either way the data position
+re-shards from events. Rank 0 tells the launcher the job's size after every in-process change
+(a growth, a lost rank) in the answer file beside the note (:func:`answer`), so that a job that
+lost ranks grows back when the script offers their slots again.
 """
 from __future__ import annotations
 
@@ -15,6 +21,45 @@ import time
 from typing import List, Optional, Tuple
 
 INTERVAL_ENV = "MPILEARN_DISCOVERY_INTERVAL"  # seconds between two runs of the script
+ASK = "grow"  # the note's line with the launcher's request: grow RANKS HOSTS
+
+
+def note(reason: str, ranks: int, hosts: List[Tuple[str, int]]) -> str:
+    """The note file's text for a growth: the reason first (the stop line names it), then
+    the target the ranks read."""
+    return f"{reason}\n{ASK} {ranks} {','.join(f'{h}:{n}' for h, n in hosts)}\n"
+
+
+def requested(path: Optional[str]) -> Optional[Tuple[int, str]]:
+    """(ranks, ``host:slots,...``) that the launcher's note at ``path`` asks the job to grow
+    to, or None (another stop, no note, or one this process cannot read)."""
+    try:
+        with open(path or "") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    for line in lines[1:]:
+        word, _, rest = line.partition(" ")
+        ranks, _, hosts = rest.partition(" ")
+        if word == ASK and ranks.isdigit():
+            return int(ranks), hosts
+    return None
+
+
+def answer_path(note_path: str) -> str:
+    """Beside the note, not ``<note>.*`` (the launcher counts those as listening ranks)."""
+    return note_path + "-ranks"
+
+
+def answer(note_path: Optional[str], ranks: int) -> None:
+    """Rank 0, after an in-process growth or loss: tell the launcher the job has ``ranks``."""
+    if not note_path:  # no launcher's note (plain mpirun)
+        return
+    try:
+        with open(answer_path(note_path), "w") as f:
+            f.write(f"{ranks}\n")
+    except OSError:  # on another node than the launcher
+        pass
 
 
 def parse_hosts(spec: str) -> List[Tuple[str, int]]:
@@ -81,3 +126,19 @@ class Growth:
             return None
         self.target = (ranks, hosts)
         return f"the host discovery script ({slots} slots: growing to {ranks} ranks)"
+
+    def grew(self, note_path: str) -> bool:
+        """Whether the ranks changed size in process (rank 0's answer beside the note at
+        ``note_path``): a growth asked for is then done, and polling goes on from that size."""
+        try:
+            with open(answer_path(note_path)) as f:
+                ranks = f.read().strip()
+            os.unlink(answer_path(note_path))
+        except OSError:
+            return False
+        if not ranks.isdigit():
+            return False
+        self.ranks = int(ranks)
+        if self.target is not None:
+            self.started()
+        return True

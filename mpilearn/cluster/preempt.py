@@ -101,8 +101,8 @@ def describe(bits: Optional[int] = None) -> str:
     note = os.environ.get(NOTE_ENV)
     if num == signal.SIGUSR1 and note:
         try:
-            with open(note) as f:
-                name = f.read().strip() or name
+            with open(note) as f:  # its first line (a growth's target follows)
+                name = f.readline().strip() or name
         except OSError:  # another node, or no note: the signal is what it was
             pass
     return name

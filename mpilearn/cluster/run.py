@@ -20,6 +20,7 @@ import sys
 from typing import List, Optional, Tuple
 
 from .discovery import Growth, discover_hosts, parse_hosts
+from .discovery import answer_path, note as discovery_note
 
 FORWARDED = ("PATH", "PYTHONPATH", "LD_LIBRARY_PATH")
 FORWARDED_PREFIXES = ("MPILEARN_", "OMP_", "NCCL_", "CUDA_", "HOROVOD_", "KERAS_", "TF_")
@@ -316,6 +317,16 @@ def aborted_ranks(path: str) -> List[tuple]:
     return out
 
 
+def ended_status(path: str) -> Optional[int]:
+    """The status rank 0 of an elastic job recorded (``end CODE``), or None."""
+    try:
+        with open(path) as f:
+            ends = [line.split()[1] for line in f if line.startswith("end ")]
+    except OSError:
+        return None
+    return int(ends[-1]) if ends and ends[-1].lstrip("-").isdigit() else None
+
+
 def honest_status(rc: int, aborted: List[Tuple[int, int]]) -> int:
     """The job's exit status: never 0 when a rank aborted, whatever the launcher said."""
     if aborted and rc == 0:
@@ -349,7 +360,8 @@ def launch(cmd: List[str], open_mpi: bool, ranks: int = 1, aborted: Optional[lis
     run again says why there (``comm.record_relaunch``; appended to ``relaunch_notes``).
 
     ``growth`` (an elastic job with a discovery script) is polled once the ranks listen; when
-    it offers more slots the job is stopped as by a signal, its reason in the note."""
+    it offers more slots the job is asked to grow as by a stop signal, its reason and target
+    in the note: the ranks grow in process and answer there, or stop (75) to be relaunched."""
     import glob
     import signal
     import tempfile
@@ -411,10 +423,12 @@ def launch(cmd: List[str], open_mpi: bool, ranks: int = 1, aborted: Optional[lis
                 break
             listening = len(glob.glob(glob.escape(note) + ".*")) >= ranks
             if growth is not None and not seen and not held and listening:
-                reason = growth.poll()
-                if reason:  # stopped at the next step boundary, then relaunched larger
+                # grown in process (rank 0 answered in the note), or the ranks are asked to
+                # grow at the next step boundary (in process, else stopped and relaunched)
+                reason = None if growth.grew(note) else growth.poll()
+                if reason:
                     with open(note, "w") as f:
-                        f.write(reason + "\n")
+                        f.write(discovery_note(reason, *growth.target))
                     held.append(time.monotonic())
             if held and (listening or time.monotonic() - held[0] > READY_WAIT):
                 held.clear()
@@ -424,6 +438,7 @@ def launch(cmd: List[str], open_mpi: bool, ranks: int = 1, aborted: Optional[lis
         if growth is not None:
             growth.interrupted = bool(seen)
         recorded = aborted_ranks(status)
+        ended = ended_status(status)
         if aborted is not None:
             aborted.extend(recorded)
         if relaunch_notes is not None:
@@ -437,10 +452,17 @@ def launch(cmd: List[str], open_mpi: bool, ranks: int = 1, aborted: Optional[lis
             signal.signal(s, handler)
         for path in [note, status] + glob.glob(glob.escape(note) + ".*"):
             os.unlink(path)
+        if os.path.exists(answer_path(note)):
+            os.unlink(answer_path(note))
     rc = 128 - rc if rc < 0 else rc
     if killed:  # the status is the ranks' record, not the SIGKILL's
         rc = 0
     rc = honest_status(rc, recorded)
+    if ended is not None and rc > 128 and not recorded and not seen:
+        sys.stderr.write(f"mpilearn-run: the launcher exited {rc} (a spawned rank lost, or a "
+                         f"refused spawn, which the job survived); the job's own status is "
+                         f"{ended}\n")
+        return ended
     report = scanner.text()
     # a rank with no handler yet died of it (Open MPI: 128 + 10, Hydra: 10): say it once
     if len(seen) == 1 and rc in (128 + signal.SIGUSR1, signal.SIGUSR1):

@@ -72,8 +72,9 @@ def init(comm=None) -> Context:
     return _CONTEXT
 
 
-def replace_comm(ctx: Context, comm) -> None:
+def replace_comm(ctx: Context, comm, shrunk: bool = True) -> None:
     """Collective on ``comm``: from now on the job is ``comm`` (the survivors of a lost rank,
+    or the ranks with the ones spawned to join them, ``shrunk=False``:
     :mod:`mpilearn.core.membership`); the node-local split and the exit barrier follow it."""
     MPI = mpi()
     ctx.comm = comm
@@ -81,7 +82,9 @@ def replace_comm(ctx: Context, comm) -> None:
     ctx.gpus_per_task = None
     if _EXIT_GUARD:
         _EXIT_GUARD["comm"] = comm.Dup()
-        _EXIT_GUARD["shrunk"] = True
+        # a grown job without a loss finalizes as usual (mpirun reads a rank that exits
+        # without MPI_Finalize as failed when no rank was lost)
+        _EXIT_GUARD["shrunk"] = _EXIT_GUARD.get("shrunk", False) or shrunk
 
 
 def check_launch(ctx: Context) -> str:
@@ -129,6 +132,21 @@ def _append_status(line: str) -> None:
         finally:
             os.close(fd)
     except OSError:  # a rank on another machine may not see the launcher's file
+        pass
+
+
+def record_end(code: int) -> None:
+    """Rank 0 of an elastic job: ``end CODE`` in the status file, the run's own status.
+    ``mpirun --with-ft ulfm`` (Open MPI 5.0.11) exits 137 once a rank that the job had spawned
+    was killed, although the others survived it and finished (open-mpi/ompi#13325), and 213
+    after an ``MPI_Comm_spawn`` it refused, although the ranks then stopped with 75."""
+    path = os.environ.get(STATUS_ENV)
+    if not path:
+        return
+    try:
+        with open(path, "a") as f:
+            f.write(f"end {code}\n")
+    except OSError:  # another node than the launcher
         pass
 
 

@@ -7,12 +7,19 @@ leaves whatever collective it was in), shrinks it to the survivors, agrees on a 
 last step every survivor applied) and hands the new communicator to every holder. The driver,
 the Horovod elastic API and the sweep's blocks call this module; none of them talks to ULFM.
 
+Growth is the other direction (:meth:`Membership.grow`): the ranks spawn new ones
+(``MPI_Comm_spawn`` of the job's own command), merge the intercommunicator with the newcomers
+after them, and hand the merged communicator to the same holders; a newcomer finds its way in
+with :func:`joined`.
+
 Measured here (Open MPI 5.0.11, np=3): survivors see MPI_ERR_PROC_FAILED 7-16 ms after a
-``kill -9``; revoke + shrink + agree took about 1 ms.
+``kill -9``; revoke + shrink + agree took about 1 ms. Spawn + merge of one rank: 1.2-1.6 s.
 """
 from __future__ import annotations
 
+import os
 import socket
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Callable, List, Optional
@@ -43,6 +50,15 @@ class TooFewRanks(BelowMinRanks):
         self.change, self.min_ranks = change, min_ranks
 
 
+class Growing(Exception):
+    """Every rank agreed, at one step boundary, to grow to ``ranks`` (``hosts``: where the
+    new ones may go, ``host:slots,...``); ``reason``: the launcher's words."""
+
+    def __init__(self, ranks: int, hosts: str, reason: str):
+        super().__init__(reason)
+        self.ranks, self.hosts, self.reason = ranks, hosts, reason
+
+
 @dataclass
 class Change:
     """One membership change, as the survivors agreed on it."""
@@ -53,16 +69,24 @@ class Change:
     old_rank: int              # this process, before and after
     new_rank: int
     leader_lost: bool          # old rank 0 is among the lost: rank 0's duties move
-    seconds: float = 0.0       # revoke + shrink + agree
+    seconds: float = 0.0       # revoke + shrink + agree (a growth: spawn + merge)
     detected: float = field(default_factory=time.time)
+    added: List[tuple] = field(default_factory=list)  # (new rank, host) of every spawned rank
 
     def who(self) -> str:
         return ", ".join(f"rank {r} on {h}" for r, h in self.lost) or "no rank"
 
     def describe(self) -> str:
+        if self.added:
+            who = ", ".join(f"rank {r} on {h}" for r, h in self.added)
+            return f"spawned {who}; {self.old_size} -> {self.new_size} ranks"
         return f"lost {self.who()}; {self.old_size} -> {self.new_size} ranks"
 
     def record(self) -> dict:
+        if self.added:
+            return {"added_ranks": [r for r, _ in self.added],
+                    "added_hosts": [h for _, h in self.added], "old_size": self.old_size,
+                    "ranks": self.new_size, "spawned": True, "spawn_s": round(self.seconds, 4)}
         return {"lost_ranks": [r for r, _ in self.lost], "lost_hosts": [h for _, h in self.lost],
                 "old_size": self.old_size, "ranks": self.new_size,
                 "leader_lost": self.leader_lost, "recovery_s": round(self.seconds, 4),
@@ -109,7 +133,7 @@ class Membership:
         """The job's membership over ``ctx``'s communicator, which follows every change (and
         the node-local split and exit barrier with it); made current."""
         m = cls(ctx.comm, min_ranks, max_ranks)
-        m.on_change(lambda new, change: mcomm.replace_comm(ctx, new))
+        m.on_change(lambda new, change: mcomm.replace_comm(ctx, new, shrunk=not change.added))
         set_current(m)
         return m
 
@@ -161,6 +185,26 @@ class Membership:
         self.changes.append(change)
         return change
 
+    def grow(self, merged, newcomer: bool = False, started: Optional[float] = None) -> Change:
+        """Collective over the merged communicator (the ranks before, then the newcomers that
+        :func:`spawn` started, ``newcomer``): every holder follows it. ``Change.added`` names
+        the newcomers; ``seconds``: since ``started`` (a perf_counter) until all are here."""
+        MPI = mcomm.mpi()
+        merged.Set_errhandler(MPI.ERRORS_RETURN)
+        old_size = merged.allreduce(0 if newcomer else 1)
+        seconds = time.perf_counter() - started if started is not None else 0.0
+        old_rank = -1 if newcomer else self.comm.Get_rank()
+        self.hosts = merged.allgather(socket.gethostname())
+        self.comm = merged
+        change = Change(lost=[], old_size=old_size, new_size=merged.Get_size(),
+                        old_rank=old_rank, new_rank=merged.Get_rank(), leader_lost=False,
+                        seconds=seconds, added=[(r, self.hosts[r]) for r in
+                                                range(old_size, merged.Get_size())])
+        for fn in self._listeners:
+            fn(merged, change)
+        self.changes.append(change)
+        return change
+
     def agree_min(self, value: int) -> int:
         """Collective on the new communicator: the smallest ``value`` of the survivors (the last
         step every survivor applied). A rank lost meanwhile surfaces as MPI.Exception."""
@@ -204,13 +248,20 @@ def recover_then(membership: Membership, on_loss: Callable[[Change], object],
             membership.changes[before:] = membership.changes[before:][-1:]
 
 
-def run_guarded(membership: Membership, fn: Callable, on_loss: Callable[[Change], None]):
+def run_guarded(membership: Membership, fn: Callable, on_loss: Callable[[Change], None],
+                on_growth: Optional[Callable[[Growing], None]] = None):
     """``fn()``, and after every loss of ranks ``on_loss(change)`` then ``fn()`` again: the loop
     every elastic caller (the driver, ``hvd.elastic.run``) shares. Errors other than a lost
-    process propagate; so does :class:`TooFewRanks` (raised by ``on_loss``)."""
+    process propagate; so does :class:`TooFewRanks` (raised by ``on_loss``). A
+    :class:`Growing` raised by ``fn`` is ``on_growth``'s, then ``fn()`` goes on."""
     while True:
         try:
             return fn()
+        except Growing as growing:
+            if on_growth is None:
+                raise
+            on_growth(growing)
+            continue
         except Exception as err:  # noqa: BLE001 - only MPI's loss reports are handled
             if not lost(err, membership.comm):
                 raise
@@ -239,6 +290,65 @@ def before_training(change: Change, phase: str) -> LostBeforeTraining:
                              "--resume auto")
     err.phase = phase
     return err
+
+
+# the MPI runtime's own variables: a newcomer gets its own from the launcher's daemon
+RUNTIME_PREFIXES = ("OMPI_", "PMIX_", "PRTE_", "OPAL_")
+
+
+def spawn(comm, count: int, command: List[str], hosts: str = ""):
+    """Collective over ``comm``: ``count`` new processes of ``command``, merged after the
+    ranks of ``comm``; the merged intracommunicator. Raises MPI.Exception where the launcher
+    cannot (no free slot, no PMIx server). ``hosts``: ``host:slots,...`` the newcomers may
+    use, added to the launcher's allocation (Open MPI 5's ``PMIX_ADD_HOST``).
+
+    The newcomers get this process's environment (less the MPI runtime's own variables)
+    through ``env``: a spawned process gets only the launcher daemon's, and MPI_Info values
+    stop at 256 characters. The intercommunicator is disconnected at once: a job that kept
+    it connected crashed in MPI_Finalize (Open MPI 5.0.11) where a newcomer had not talked
+    with every parent yet."""
+    MPI = mcomm.mpi()
+    info = MPI.Info.Create()
+    if hosts:
+        info.Set("PMIX_ADD_HOST", hosts)
+    info.Set("bind-to", "none")  # as mpilearn-run launches the first ranks
+    env = [f"{k}={v}" for k, v in os.environ.items() if not k.startswith(RUNTIME_PREFIXES)]
+    try:
+        inter = comm.Spawn("/usr/bin/env", env + list(command), maxprocs=count, info=info,
+                           root=0)
+    finally:
+        info.Free()
+    merged = inter.Merge(high=False)
+    inter.Disconnect()
+    return merged
+
+
+def joined():
+    """In a process that :func:`spawn` started: the merged communicator (its parents
+    first); None in a process that a launcher started."""
+    MPI = mcomm.mpi()
+    global _SPAWNED
+    parent = MPI.Comm.Get_parent()
+    if parent == MPI.COMM_NULL:
+        return None
+    merged = parent.Merge(high=True)
+    parent.Disconnect()
+    _SPAWNED = True
+    return merged
+
+
+_SPAWNED = False
+
+
+def spawned() -> bool:
+    """Whether this process joined a running job (:func:`joined`), not started with it."""
+    return _SPAWNED
+
+
+def spawned_command() -> List[str]:
+    """This process's own command line (``python -m mpilearn.train ...``): what the
+    newcomers run."""
+    return [sys.executable, *getattr(sys, "orig_argv", [sys.executable, *sys.argv])[1:]]
 
 
 _CURRENT: Optional[Membership] = None

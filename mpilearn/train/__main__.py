@@ -130,6 +130,11 @@ def run(args, make_config, after=None) -> int:
     preempt.install()
     ctx = mcomm.init()
     stage.leave_on_exit(ctx.local_rank)
+    from ..core import membership
+
+    merged = membership.joined()
+    if merged is not None:  # spawned by a running job to join it (an elastic growth)
+        return _newcomer(ctx, merged)
     launches = None  # the launch's wall time per rank (launches.jsonl), once the run is built
     try:
         line = mcomm.check_launch(ctx)
@@ -157,6 +162,7 @@ def run(args, make_config, after=None) -> int:
         trainer = Trainer(config, ctx, output=output, resume=resume,
                           progress=not args.no_progress, overwrite=args.overwrite,
                           force=args.force)
+        trainer.spawn_command = membership.spawned_command()
         from .launches import Launches
 
         launches = Launches(ctx.comm, output, ctx.device)
@@ -169,10 +175,37 @@ def run(args, make_config, after=None) -> int:
         status = exit_status(elastic.outside_training(err), ctx.rank)
         if launches is not None:
             launches.write(status)
-        return mcomm.leaving(preempt.leave(status))
+        return mcomm.leaving(preempt.leave(_survived(ctx, status)))
     launches.write(0)
     # finished: a stop signal from here on (its exit takes seconds) has nothing to stop
-    return mcomm.leaving(preempt.leave(0))
+    return mcomm.leaving(preempt.leave(_survived(ctx, 0)))
+
+
+def _survived(ctx, status: int) -> int:
+    """``status``; recorded for the launcher by rank 0 of an elastic run (``comm.record_end``)."""
+    from ..core import comm as mcomm, membership
+
+    if ctx.rank == 0 and membership.current() is not None:
+        mcomm.record_end(status)
+    return status
+
+
+def _newcomer(ctx, merged) -> int:
+    """A rank that a running job spawned: no checks, no run-directory work, no lock (the
+    job's rank 0 holds it and writes); its Trainer comes from rank 0's plan and joins the
+    job at the step where it grew, then trains to the end with the others."""
+    from ..cluster import preempt
+    from ..core import comm as mcomm
+    from .engine import Trainer
+
+    # the exit barrier with the job (a lone newcomer's own world has no other rank to wait for)
+    if "comm" not in mcomm._EXIT_GUARD:
+        mcomm.install_exit_guard(mcomm.mpi().COMM_WORLD)
+    try:
+        Trainer.newcomer(ctx, merged).fit()
+    except Exception as err:  # as a launched rank's: statuses, one message from rank 0
+        return mcomm.leaving(preempt.leave(_survived(ctx, exit_status(err, ctx.rank))))
+    return mcomm.leaving(preempt.leave(_survived(ctx, 0)))
 
 
 if __name__ == "__main__":

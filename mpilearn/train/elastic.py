@@ -13,6 +13,7 @@ the same model; downpour and EASGD (asynchronous: no common step) are refused.
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 from typing import List, Optional
 
 from ..errors import UsageError
@@ -165,3 +166,14 @@ class Snapshots:
                 return s
         raise RuntimeError(f"no snapshot of step {global_step} on this rank (kept: "
                            f"{[s.global_step for s in self.kept]})")
+
+
+@dataclass
+class Joining:
+    """What rank 0 sends the ranks it spawned (``Trainer._grow``): enough to build the run's
+    Trainer without a check or a file read, and the step to start from."""
+
+    config: dict
+    plan: object        # rank 0's Plan, less its task and checkpoint
+    snapshot: Snapshot  # rank 0's state at the step boundary
+    command: list       # what a later growth spawns

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import copy
+from dataclasses import replace
 import os
 import sys
 import time
@@ -42,30 +43,42 @@ class Trainer:
     def __init__(self, config: dict, ctx, output: Optional[str] = None, resume=False,
                  progress: bool = True, events: Optional[tuple] = None,
                  deadline: Optional[float] = None, overwrite: bool = False,
-                 force: bool = False, announce_fresh: bool = True):
+                 force: bool = False, announce_fresh: bool = True, joining=None):
         """``resume``: False, True (a checkpoint must exist) or "auto" (continue from one if
         there is one); ``events``: explicit (train, validation) event indices (HPO folds);
         ``deadline``: a time.time() after which training stops with TrainingStopped;
         ``overwrite``: replace an earlier run in ``output``; ``force``: resume although the
         config changed in what is trained; ``announce_fresh``: say that ``resume="auto"`` found
         no checkpoint (an HPO fold does not: the sweep says it once). ``callbacks`` may be
-        extended before ``fit()``."""
+        extended before ``fit()``; ``joining``: rank 0's plan, in a process spawned to join
+        a running job (``Trainer.newcomer``): no checks, no writes, its own ranks only.
+        ``spawn_command`` (set by the entry point): what such a process runs, None where the
+        run cannot grow in process."""
         self.config, self.ctx, self.resume = config, ctx, resume
         self.deadline, self.history = deadline, []
         self.announce_stop = True  # an HPO fold leaves the stop line to the sweep
-        self.progress = progress and ctx.rank == 0
+        writer = ctx.rank == 0 and joining is None  # a newcomer never writes
+        self.progress = progress and writer
+        self.spawn_command = None
         comm = ctx.comm
         train = config["train"]
 
         # 1. plan: every check (config, model, data, devices, resume), one verdict from rank 0
-        plan = make_plan(config, ctx, output, resume, events, overwrite, force)
+        if joining is None:
+            plan = make_plan(config, ctx, output, resume, events, overwrite, force)
+        else:  # rank 0's, checked there; this process's own device
+            from .checks import choose_device
+
+            plan = replace(joining, device=choose_device(ctx, config)[0] or "cpu")
         notes = plan.notes + ([plan.fresh] if plan.fresh and announce_fresh else [])
-        for note in notes if ctx.rank == 0 else ():
+        for note in notes if writer else ():
             print(note, flush=True)
+        # what a newcomer needs of it (the checkpoint's state and rank 0's task stay here)
+        self.plan = replace(plan, task=None, checkpoint=None, notes=[], fresh="")
 
         # 2. build from the plan: the task, data, strategy, output directory, callbacks
         self.output, self.monitors = plan.output, plan.monitors
-        self.task = plan.task if ctx.rank == 0 else new_task(config)
+        self.task = plan.task if plan.task is not None else new_task(config)
         mcomm.wait_idle(comm)  # rank 0 built its task for the checks: it waits asleep
         self.train_files, self.val_files, self.test_files = shared_files(
             plan.files, self.task, config["data"]["on_error"])
@@ -78,18 +91,18 @@ class Trainer:
         # rank 0 writes; stale temp files of killed writes go
         self.ckpt_dir = os.path.join(self.output, "checkpoints")
         self.metrics_path = os.path.join(self.output, "metrics.jsonl")
-        if ctx.rank == 0:
+        if writer:
             if overwrite:
                 clear_run_dir(self.output)
             os.makedirs(self.ckpt_dir, exist_ok=True)
             for path in remove_stale_temp([self.output, self.ckpt_dir]):
                 print(f"mpilearn: removed {path}, left by an interrupted write", flush=True)
-        self.log = loggers.Loggers(train["log"], self.output) if ctx.rank == 0 else None
+        self.log = loggers.Loggers(train["log"], self.output) if writer else None
 
         # the device, then the strategy: weights broadcast, optimizers wrapped
         mcomm.bind(ctx, plan.device)
         devices = comm.gather(plan.device, root=0)
-        if ctx.rank == 0:
+        if writer:
             counts = collections.Counter(devices)
             where = ", ".join(f"{d} x{c}" if c > 1 else d for d, c in sorted(counts.items()))
             print(f"mpilearn: {ctx.size} rank(s) on {where}; backend {train['backend']}, "
@@ -110,7 +123,7 @@ class Trainer:
             self._restore(*plan.checkpoint)
         if self.snapshots is not None:
             self.snapshots.maybe_take(self, force=True)
-            if ctx.rank == 0:
+            if writer:
                 e = elastic.settings(config)
                 at = " (local SGD's averages)" if self.strategy.name == "local_sgd" else ""
                 print(f"mpilearn: elastic: min_ranks {e['min_ranks']}; an in-memory snapshot "
@@ -119,7 +132,7 @@ class Trainer:
                       flush=True)
         # the run's identity, written once every check passed (a refused --resume --force
         # leaves the saved config as it was)
-        if ctx.rank == 0:
+        if writer:
             dump(config, os.path.join(self.output, "config.yaml"))
 
     def _make_elastic(self, settings: dict) -> None:
@@ -348,7 +361,8 @@ class Trainer:
             if self.membership is not None:
                 from ..core.membership import run_guarded
 
-                record, stopped = run_guarded(self.membership, self._one_epoch, self._after_loss)
+                record, stopped = run_guarded(self.membership, self._one_epoch,
+                                              self._after_loss, self._grow)
             else:
                 record, stopped = self._one_epoch()
             last = record
@@ -409,6 +423,9 @@ class Trainer:
                 "epoch": self.epoch + 1, "step": self.global_step, "membership": change.record(),
                 "position": self.position, "global_batch": self.loader.global_batch,
                 "lr": lr})
+            from ..cluster import discovery  # the launcher's discovery poll: grow back from here
+
+            discovery.answer(os.environ.get(preempt.NOTE_ENV), self.ctx.size)
         self._first_after_loss = True
         if below:
             self._save()
@@ -469,6 +486,81 @@ class Trainer:
         import atexit
 
         atexit.register(lock.release)
+
+    # -- growing in process (a discovery script offered more slots) ----------------------
+    def _growth_asked(self, stop):
+        """Collective, on an agreed stop of an elastic run: a growth that the launcher asked
+        for (rank 0 reads its note) as :class:`membership.Growing`; else ``stop``, which
+        checkpoints and exits 75 (where the run cannot spawn, with the reason: the launcher
+        then relaunches it at the new size)."""
+        from ..cluster import discovery
+        from ..core import membership
+
+        asked = discovery.requested(os.environ.get(preempt.NOTE_ENV)) \
+            if self.ctx.rank == 0 else None
+        asked = self.ctx.comm.bcast(asked, root=0)
+        if asked is None or asked[0] <= self.ctx.size:
+            return stop
+        why = ("MPILEARN_SPAWN=0" if os.environ.get("MPILEARN_SPAWN", "1") == "0" else
+               None if self.spawn_command else "only python -m mpilearn.train runs do")
+        if why:
+            return preempt.Preempted(f"{stop}; not growing in process ({why}): relaunching")
+        return membership.Growing(asked[0], asked[1], str(stop))
+
+    def _grow(self, growing) -> None:
+        """Every rank, at the step boundary where the growth was agreed: spawn the new ranks,
+        send them the run (rank 0's plan, config and this step's state), go on together. A
+        failed spawn stops the run as the launcher's signal asked (checkpoint, exit 75), and
+        the launcher relaunches it at the new size."""
+        from ..core import membership
+
+        start = time.perf_counter()
+        count = growing.ranks - self.ctx.size
+        try:
+            merged = membership.spawn(self.ctx.comm, count, self.spawn_command, growing.hosts)
+        except mcomm.mpi().Exception as err:
+            raise preempt.Preempted(f"{growing.reason}; spawning {count} rank(s) failed "
+                                    f"({err.Get_error_string()}): relaunching") from None
+        self.snapshots.maybe_take(self, force=True)
+        snap = self.snapshots.kept[-1]
+        merged.bcast(elastic.Joining(self.config, self.plan, snap, self.spawn_command)
+                     if self.ctx.rank == 0 else None, root=0)
+        self._join(merged, snap, newcomer=False, started=start)
+        preempt.reset()  # the launcher's SIGUSR1 asked for this growth, not for a stop
+
+    @classmethod
+    def newcomer(cls, ctx, merged) -> "Trainer":
+        """In a process spawned by :meth:`_grow`: the running job's Trainer, built on this
+        process's own ranks from rank 0's plan, then joined to the job at its step."""
+        joining = merged.bcast(None, root=0)
+        trainer = cls(joining.config, ctx, output=joining.plan.output, progress=False,
+                      joining=joining.plan)
+        trainer.spawn_command = joining.command
+        joining.snapshot.acc = trainer._empty_acc()  # rank 0's running sums are its own
+        trainer._join(merged, joining.snapshot, newcomer=True)
+        return trainer
+
+    def _join(self, merged, snap, newcomer: bool, started: Optional[float] = None) -> None:
+        """Collective over the grown job: its communicator everywhere, rank 0's models, the
+        position re-sharded on the new size (as a resume at that size), the one line (the
+        seconds from the spawn to the newcomers' arrival here: the old ranks' pause)."""
+        from ..cluster import discovery
+
+        old_lr = self.lr
+        change = self.membership.grow(merged, newcomer, started)
+        mcomm.bind(self.ctx, self.ctx.device)  # CPU threads for the ranks now on this node
+        self._restore_snapshot(snap)
+        lr = self._set_lr()
+        if self.ctx.rank == 0:
+            how = ", ".join(f"rank {r} on {h}" for r, h in change.added)
+            print(f"mpilearn: grew to {self.ctx.size} ranks at step {self.global_step} (epoch "
+                  f"{self.epoch + 1}): spawned {how} in {change.seconds:.3g} s; global batch "
+                  f"{self.loader.global_batch}, lr {old_lr or lr:.6g} -> {lr:.6g}", flush=True)
+            append_jsonl(self.metrics_path, {
+                "epoch": self.epoch + 1, "step": self.global_step, "membership": change.record(),
+                "position": self.position, "global_batch": self.loader.global_batch,
+                "lr": lr})
+            discovery.answer(os.environ.get(preempt.NOTE_ENV), self.ctx.size)
 
     def _run_epoch(self) -> None:
         """The strategy's epoch from the current position; the position follows it."""
@@ -555,6 +647,8 @@ class Trainer:
         stop = stops.agree(self.ctx.comm, upcoming, self._past_deadline(), signals)
         if isinstance(stop, preempt.Preempted):
             self._account(self._epoch_start)
+            if self.membership is not None:
+                stop = self._growth_asked(stop)
         if stop is not None:
             raise stop
 

@@ -1,8 +1,10 @@
 """The float64 MLP that counts every event it trains on (a buffer summed over the ranks, so it
 is in the weights and compared with them), for elastic and resume tests.
 
-``MPILEARN_TEST_KILL=R:S``: world rank R (or each of R1,R2,...: a node's ranks) kills itself
-with SIGKILL as it starts its step S+1 (after S applied steps); ``MPILEARN_TEST_STOP=S``: every
+``MPILEARN_TEST_KILL=R:S``: world rank R (or each of R1,R2,...: a node's ranks; ``spawned``: a
+rank that joined by an in-process growth, which first puts the discovery script's answer back to
+``localhost:2`` so that the job does not grow again) kills itself with SIGKILL as it starts its
+step S+1 (after S applied steps, its own); ``MPILEARN_TEST_STOP=S``: every
 rank sends itself SIGTERM after its step S, so the run stops at exactly that step (the replay of
 an elastic run);
 ``MPILEARN_TEST_KILL_AT_START=R[:FILE]``: world rank R kills itself as it builds the model
@@ -36,13 +38,20 @@ def _env_steps(name):
 
 def arm(task):
     """MPILEARN_TEST_KILL and MPILEARN_TEST_STOP on ``task``'s steps (any task)."""
-    from mpilearn.core import comm as mcomm
+    from mpilearn.core import comm as mcomm, membership
 
     plain_step = task.train_step
     victims, _, kill_step = os.environ.get("MPILEARN_TEST_KILL", "").partition(":")
-    kill = ({int(r) for r in victims.split(",")}, int(kill_step)) if kill_step else None
-    stop = _env_steps("MPILEARN_TEST_STOP")
+    kill = (victims.split(","), int(kill_step)) if kill_step else None
     grow = os.environ.get("MPILEARN_TEST_GROW", "").split(":", 2)
+
+    def victim():
+        if "spawned" in kill[0] and membership.spawned():
+            _offer(grow[1], "localhost:2")
+            return True
+        return str(mcomm.mpi().COMM_WORLD.Get_rank()) in kill[0]
+
+    stop = _env_steps("MPILEARN_TEST_STOP")
     steps = [0]
     world_rank = mcomm.mpi().COMM_WORLD.Get_rank()
     at_start, _, once = os.environ.get("MPILEARN_TEST_KILL_AT_START", "").partition(":")
@@ -60,7 +69,7 @@ def arm(task):
         task.rebind = rebind
 
     def train_step(batch):
-        if kill and mcomm.mpi().COMM_WORLD.Get_rank() in kill[0] and steps[0] == kill[1]:
+        if kill and steps[0] == kill[1] and victim():
             os.kill(os.getpid(), signal.SIGKILL)
         losses = plain_step(batch)
         steps[0] += 1
