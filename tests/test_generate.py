@@ -256,6 +256,38 @@ def test_bf16_export_is_a_gated_program_equal_to_bf16_generation_and_never_overw
     assert again.returncode == 2 and "exists (give --overwrite" in again.stderr, again.stderr
 
 
+def test_fast_exports_pass_their_gate_and_equal_fast_generation(tiny_run, tmp_path):
+    """export --precision fp32-fast / bf16-fast (the generator rewritten for CPU inference):
+    gated like the other variants; the ONNX file is the fp32 function, the program is what
+    generate --precision bf16-fast makes."""
+    out = tmp_path / "x"
+    for precision in ("fp32-fast", "bf16-fast"):
+        proc = mpirun(1, ["-m", "mpilearn.export", str(tiny_run), "--output", str(out), "--no-check",
+                          "--precision", precision, "--gate-events", "32", "--overwrite"])
+        assert proc.returncode == 0, proc.stderr  # the same function (fp32), bf16's rounding
+        assert "physics gate passed" in proc.stdout and "fpd moved" in proc.stdout, proc.stdout
+        record = json.load(open(out / f"generator.{precision}.json"))
+        assert record["precision"] == precision and record["physics_gate"]["passed"]
+    from mpilearn.calo.export import TOLERANCE, check_onnx
+    from mpilearn.calo.runs import load_task, resolve_checkpoint, run_config, shower_model
+
+    checkpoint = resolve_checkpoint(str(tiny_run))
+    model = shower_model(load_task(checkpoint, run_config(checkpoint))[0])
+    assert check_onnx(str(out / "generator.fp32-fast.onnx"), model) <= TOLERANCE
+    args = ("--events", "6", "--batch-size", "4", "--seed", "2", "--energy", "150")
+    proc = generate(1, tiny_run, tmp_path / "fast.h5", "--precision", "bf16-fast", *args)
+    assert proc.returncode == 0 and "bf16-fast" in proc.stdout, proc.stderr
+    program = torch.export.load(str(out / "generator.bf16-fast.pt2")).module()
+    task = load_task(checkpoint, run_config(checkpoint))[0]
+    task.seed = 2
+    with h5py.File(tmp_path / "fast.h5") as f:
+        ecal, angle = f["ECAL"][()], f["mtheta"][()]
+    inputs = [torch.as_tensor(np.asarray(x, np.float32)) for x in
+              (task.generation_noise(np.arange(4)), np.full(4, 1.5), angle[:4])]
+    with torch.inference_mode():
+        np.testing.assert_array_equal(program(*inputs).numpy() * 50, ecal[:4])
+
+
 def test_generate_runs_the_exported_file_alike_at_one_and_two_ranks(tiny_run, tmp_path):
     proc = mpirun(1, ["-m", "mpilearn.export", str(tiny_run), "--output", str(tmp_path / "x"),
                       "--no-check"])

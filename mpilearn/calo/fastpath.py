@@ -6,13 +6,15 @@ batch-1 call wasted removed.
   (:mod:`.polyphase`): 0.21 GFLOP per shower instead of 3.63, of the full generator's 6.12.
 - A zero ``ConstantPad3d`` before a convolution becomes the convolution's own padding (no padded
   copy per layer).
-- Every convolution goes to oneDNN. At batch 1 PyTorch sends fp32 convolutions with small
-  inputs and kernels of 3 in the last two axes to its slow reference path (``slow_conv3d``):
-  the generator's last two 3x3xK layers took 63 and 35 ms there, 6 and 4 ms in oneDNN.
+- fp32: every convolution goes to oneDNN. At batch 1 PyTorch sends fp32 convolutions with
+  small inputs and kernels of 3 in the last two axes to its slow reference path
+  (``slow_conv3d``): the generator's last two 3x3xK layers took 63 and 35 ms there, 6 and 4 ms
+  in oneDNN. (bf16 convolutions always go to oneDNN.)
 - bf16: weights cast once (autocast recasts them on every call) and activations in
   ``channels_last_3d``, the layout of oneDNN's bf16 kernels (NCDHW bf16 is 4x slower here).
 
-``onednn=False`` keeps ``F.conv3d`` (the ONNX export: ONNX has no oneDNN operator).
+``onednn=False`` keeps ``F.conv3d`` for exports: ONNX has no oneDNN operator and torch.export
+cannot trace ``mkldnn_convolution``.
 """
 from __future__ import annotations
 
@@ -77,6 +79,7 @@ class FastGenerator(nn.Module):
         g = copy.deepcopy(generator).eval()
         self.seed_shape, self.channels, self.dtype = g.seed_shape, g.channels, dtype
         self.dense = g.dense
+        onednn = onednn and dtype == torch.float32
         self.body = fold_padding(rewrite(g.body), onednn)
         self.last = PaddedConv3d(g.last, onednn=onednn) if _plain_conv(g.last) else g.last
         self.layout = torch.channels_last_3d if dtype == torch.bfloat16 else torch.contiguous_format
