@@ -288,6 +288,35 @@ def test_fast_exports_pass_their_gate_and_equal_fast_generation(tiny_run, tmp_pa
         np.testing.assert_array_equal(program(*inputs).numpy() * 50, ecal[:4])
 
 
+def test_int8_fast_generation_is_gated_and_alike_at_one_and_two_ranks(tiny_run, tmp_path):
+    """generate --precision int8-fast: calibrated the same on every rank, its physics gate run
+    before any shower; a broken quantisation (one layer's weight scale 30x) fails that gate."""
+    args = ("--events", "5", "--batch-size", "2", "--seed", "1", "--energy", "150",
+            "--precision", "int8-fast", "--gate-events", "16")
+    runs = {n: generate(n, tiny_run, tmp_path / f"q{n}.h5", *args) for n in (1, 2)}
+    for proc in runs.values():
+        assert proc.returncode == 0, proc.stderr
+        assert "int8-fast physics gate passed: score moved" in proc.stdout, proc.stdout
+    with h5py.File(tmp_path / "q1.h5") as one, h5py.File(tmp_path / "q2.h5") as two:
+        assert one.attrs["precision"] == "int8-fast"
+        for key in one:
+            np.testing.assert_array_equal(one[key][()], two[key][()])
+    from mpilearn.calo import precision
+    from mpilearn.calo.export import latent
+    from mpilearn.calo.generate import int8_model
+    from mpilearn.calo.int8fast import QuantizedConv3d
+    from mpilearn.calo.runs import load_task, resolve_checkpoint, run_config, shower_model
+
+    checkpoint = resolve_checkpoint(str(tiny_run))
+    task = load_task(checkpoint, run_config(checkpoint))[0]
+    plan = type("Plan", (), {"ranges": json.load(open(tiny_run / "training_ranges.json"))})
+    model, meta = int8_model(task, plan)
+    broken = next(m for m in model.modules() if isinstance(m, QuantizedConv3d))
+    broken.w_scale = broken.w_scale * 30
+    result = precision.gate(shower_model(task), model, meta, latent(model), events=16)
+    assert not result["passed"], precision.describe(result)
+
+
 def test_generate_runs_the_exported_file_alike_at_one_and_two_ranks(tiny_run, tmp_path):
     proc = mpirun(1, ["-m", "mpilearn.export", str(tiny_run), "--output", str(tmp_path / "x"),
                       "--no-check"])

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .polyphase import rewrite
+from .polyphase import UpsampleConv3d, rewrite
 
 PRECISIONS = {"fp32-fast": torch.float32, "bf16-fast": torch.bfloat16}
 
@@ -65,6 +65,8 @@ def fold_padding(body: nn.Sequential, onednn: bool) -> nn.Sequential:
             out.append(PaddedConv3d(mods[i + 1], mods[i].padding, onednn))
             i += 2
             continue
+        if isinstance(mods[i], UpsampleConv3d):  # its phases' convolution
+            mods[i].conv = PaddedConv3d(mods[i].conv, onednn=onednn)
         out.append(PaddedConv3d(mods[i], onednn=onednn) if _plain_conv(mods[i]) else mods[i])
         i += 1
     return nn.Sequential(*out)

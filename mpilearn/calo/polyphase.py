@@ -49,11 +49,12 @@ class UpsampleConv3d(nn.Module):
         # weight[o, i, rx, ry, rz, tx, ty, tz] = sum_k w[o, i, kx, ky, kz] over each phase's taps
         w = torch.einsum("oiabc,xpa,yqb,zrc->oxyzipqr", conv.weight.detach().double(), mx, my, mz)
         self.taps = tuple(w.shape[-3:])
-        weight = w.reshape(self.cout * sx * sy * sz, conv.in_channels, *self.taps)
-        self.weight = nn.Parameter(weight.to(conv.weight.dtype), requires_grad=False)
+        # one convolution for all phases: output channel (o, rx, ry, rz)
+        self.conv = nn.Conv3d(conv.in_channels, self.cout * sx * sy * sz, self.taps)
+        self.conv.weight.data = w.reshape(self.conv.weight.shape).to(conv.weight.dtype)
         bias = conv.bias.detach() if conv.bias is not None else torch.zeros(self.cout)
-        self.bias = nn.Parameter(bias.repeat_interleave(sx * sy * sz).to(conv.weight.dtype),
-                                 requires_grad=False)
+        self.conv.bias.data = bias.repeat_interleave(sx * sy * sz).to(conv.weight.dtype)
+        self.conv.requires_grad_(False)
 
     def forward(self, x):
         # zero cells for the padding, and after the end taps - 1 more: the taps that read past
@@ -62,7 +63,7 @@ class UpsampleConv3d(nn.Module):
         tx, ty, tz = self.taps
         x = F.pad(x, (bz, az + tz - 1, by, ay + ty - 1, bx, ax + tx - 1))
         dx, dy, dz = x.shape[2] - tx + 1, x.shape[3] - ty + 1, x.shape[4] - tz + 1
-        y = F.conv3d(x, self.weight.to(x.dtype), self.bias.to(x.dtype))  # (n, C*S^3, dx, dy, dz)
+        y = self.conv(x)  # (n, C*S^3, dx, dy, dz)
         sx, sy, sz = self.scale
         y = y.reshape(-1, self.cout, sx, sy, sz, dx, dy, dz).permute(0, 1, 5, 2, 6, 3, 7, 4)
         y = y.reshape(-1, self.cout, dx * sx, dy * sy, dz * sz)
