@@ -68,14 +68,14 @@ def _rate(fn, inputs_for, batch, chunk, min_seconds):
 def variant_model(model, precision):
     """The ShowerModel a row runs: the "-fast" rows the generator rewritten for CPU inference
     (mpilearn.calo.fastpath; int8-fast calibrated on the default training ranges)."""
-    if precision == "int8-fast":
+    from mpilearn.calo.fastpath import Chunked, fast_shower_model
+
+    if precision == "int8-fast":  # as generate runs them: in calls of fastpath.CHUNK showers
         from mpilearn.calo.int8fast import int8_shower_model
 
-        return int8_shower_model(model, {"variant": model.variant})
+        return Chunked(int8_shower_model(model, {"variant": model.variant}))
     if precision.endswith("-fast"):
-        from mpilearn.calo.fastpath import fast_shower_model
-
-        return fast_shower_model(model, precision)
+        return Chunked(fast_shower_model(model, precision))
     return model
 
 

@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from mpilearn.calo.export import example_inputs
-from mpilearn.calo.fastpath import FastGenerator, fast_shower_model
+from mpilearn.calo.fastpath import Chunked, FastGenerator, fast_shower_model
 from mpilearn.calo.polyphase import UpsampleConv3d
 from mpilearn.calo.runs import ShowerModel
 from mpilearn.models import gan3d
@@ -46,7 +46,9 @@ def test_fast_generator_is_the_same_function(preset):
         inputs = example_inputs(model, n, seed=n)
         with torch.inference_mode():
             expected, got = model(*inputs), fast(*inputs)
+            chunked = Chunked(fast, 2)(*inputs)  # what generate runs: calls of 2 showers
         torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5 * expected.abs().max().item())
+        torch.testing.assert_close(chunked, got, rtol=1e-4, atol=1e-5 * expected.abs().max().item())
     bf16 = fast_shower_model(model, "bf16-fast")
     assert next(bf16.generator.parameters()).dtype == torch.bfloat16
     with torch.inference_mode():  # bf16 (not fp32), near the fp32 showers; the physics gate of

@@ -207,13 +207,14 @@ def plan_conditions(args, plan, task):
 def int8_model(task, plan):
     """The int8-fast ShowerModel, calibrated on the run's training ranges (seeded: the same
     model on every rank)."""
+    from .fastpath import Chunked
     from .int8fast import int8_shower_model
     from .runs import shower_model
 
     trained = plan.ranges or {}
     meta = {"variant": task.variant, "energy_range_gev": trained.get("energy_gev"),
             "angle_range_deg": trained.get("angle_deg")}
-    return int8_shower_model(shower_model(task), meta), meta
+    return Chunked(int8_shower_model(shower_model(task), meta)), meta
 
 
 def gate_int8(args, task, model, meta):
@@ -252,9 +253,9 @@ def produce(task, plan, table, args, comm, write=None, model=None):
     elif model is None and not is_keras(task):  # PyTorch: the exported module, on the device
         model = shower_model(task)
         if args.precision.endswith("-fast"):
-            from .fastpath import fast_shower_model
+            from .fastpath import Chunked, fast_shower_model
 
-            model = fast_shower_model(model, args.precision)
+            model = Chunked(fast_shower_model(model, args.precision))
         model = model.to(args.device)
     autocast = torch.autocast(args.device.split(":")[0], dtype=torch.bfloat16,
                               enabled=args.precision == "bf16")
