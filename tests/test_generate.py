@@ -140,6 +140,8 @@ def test_empty_showers_are_counted_in_one_warning(tiny_run, tmp_path):
     (["--events", "4", "--energy", "200", "100"], "--energy-dist uniform needs two values LOW HIGH"),
     (["--events", "4", "--angle", "190"], "--angle 190 is out of range"),
     (["--events", "0"], "--events 0: must be at least 1"),
+    (["--events", "2", "--precision", "int8-fast", "--gate-events", "1"],
+     "--gate-events 1: must be at least 2"),
     (["--conditions", "missing.h5"], "--conditions missing.h5: no such file"),
     # the run trained on 100-200 GeV, 60-120 degrees (RUN/training_ranges.json)
     (["--events", "4", "--energy", "5000"], "energy 5000 GeV is outside the run's training range"),
