@@ -6,8 +6,9 @@ Each convolution takes its input quantised to uint8 with a scale and zero point 
 (min/max) on showers whose conditions are drawn from the run's training ranges
 (``precision.conditions``), int8 weights with one scale per output channel, and gives fp32
 out: ReLU, pixel shuffle and post-processing stay fp32; a batch norm right before a convolution
-is folded into that convolution's quantisation step. ONNX Runtime's int8 forms of these 3-D convolutions (ConvInteger, QDQ Conv, QLinearConv)
-were each slower than its fp32 Conv on this CPU; oneDNN's were 3x faster than its fp32.
+is folded into that convolution's quantisation step. ONNX Runtime's int8 forms of these 3-D
+convolutions (ConvInteger, QDQ Conv, QLinearConv) were each slower than its fp32 Conv on this
+CPU; oneDNN's were 3x faster than its fp32.
 Calibration is seeded, so every rank builds the same model.
 """
 from __future__ import annotations
@@ -16,6 +17,7 @@ import torch
 from torch import nn
 
 from .fastpath import FastGenerator, PaddedConv3d
+
 
 class QuantizedConv3d(nn.Module):
     """``conv`` (a PaddedConv3d) as quantise to uint8 -> oneDNN int8 convolution with fp32

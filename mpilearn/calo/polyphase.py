@@ -77,19 +77,20 @@ def rewrite(body: nn.Sequential) -> nn.Sequential:
     """``body`` with every nearest Upsample followed by a valid Conv3d (a zero ConstantPad3d
     between them allowed) replaced by an :class:`UpsampleConv3d`; the other layers shared, not
     copied. Returns ``body`` itself when there is nothing to rewrite."""
-    layers, i, mods = [], 0, list(body)
-    while i < len(mods):
+    layers, i, mods = [], 0, list(body) + [None, None]  # None: past the end
+    while mods[i] is not None:
         m = mods[i]
-        pad = mods[i + 1] if i + 1 < len(mods) and _zero_pad(mods[i + 1]) else None
-        conv = mods[i + (2 if pad is not None else 1)] if i + (2 if pad is not None else 1) < len(mods) else None
-        scale = _integer_scale(m.scale_factor) if isinstance(m, nn.Upsample) and m.mode == "nearest" else None
+        pad = mods[i + 1] if _zero_pad(mods[i + 1]) else None
+        conv = mods[i + 2] if pad is not None else mods[i + 1]
+        nearest = isinstance(m, nn.Upsample) and m.mode == "nearest"
+        scale = _integer_scale(m.scale_factor) if nearest else None
         if scale and _plain(conv):
             layers.append(UpsampleConv3d(scale, conv, pad.padding if pad is not None else (0,) * 6))
             i += 3 if pad is not None else 2
         else:
             layers.append(m)
             i += 1
-    return nn.Sequential(*layers) if len(layers) < len(mods) else body
+    return nn.Sequential(*layers) if len(layers) < len(body) else body
 
 
 def _zero_pad(m) -> bool:
