@@ -267,6 +267,7 @@ def test_fast_exports_pass_their_gate_and_equal_fast_generation(tiny_run, tmp_pa
                       "--precision", "bf16-fast", "--gate-events", "32"])
     assert proc.returncode == 0, proc.stderr
     assert "physics gate passed" in proc.stdout and "fpd moved" in proc.stdout, proc.stdout
+    assert "Warning" not in proc.stderr, proc.stderr  # a clean export
     record = json.load(open(out / "generator.bf16-fast.json"))
     assert record["precision"] == "bf16-fast" and record["physics_gate"]["passed"]
     from mpilearn.calo.export import TOLERANCE, check_onnx, fast_variant

@@ -72,8 +72,9 @@ class _DropMessage(logging.Filter):
 def quiet_export():
     """Silences, during one export only, the exporters' messages a user cannot act on: the
     registry's "torchvision is not installed" (torchvision ops are not in the generator), torch's
-    own LeafSpec deprecation and "the axis name: batch will not be used" (every input shares the
-    one batch dimension on purpose). Anything else still shows."""
+    own LeafSpec deprecation, "the axis name: batch will not be used" (every input shares the
+    one batch dimension on purpose) and, saving channels-last weights, "No complete tensor found
+    in the group" (it matters for weights off the CPU). Anything else still shows."""
     registry = logging.getLogger("torch.onnx._internal.exporter._registration")
     drop = _DropMessage("torchvision is not installed")
     registry.addFilter(drop)
@@ -82,6 +83,10 @@ def quiet_export():
             warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)",
                                     category=FutureWarning)
             warnings.filterwarnings("ignore", message=r".*axis name: batch will not be used",
+                                    category=UserWarning)
+            # saving channels-last weights (bf16-fast) warns of trouble for weights off the
+            # CPU; these are on it
+            warnings.filterwarnings("ignore", message=r"No complete tensor found in the group",
                                     category=UserWarning)
             yield
     finally:
@@ -96,7 +101,7 @@ def export_program(model, path: str) -> None:
 
     with quiet_export():
         program = torch.export.export(model, example_inputs(model, 3), dynamic_shapes=_dynamic(model))
-    atomic_write_bytes(path, lambda f: torch.export.save(program, f))
+        atomic_write_bytes(path, lambda f: torch.export.save(program, f))
 
 
 def export_onnx(model, path: str) -> None:
