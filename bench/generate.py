@@ -5,7 +5,14 @@ fp32, PyTorch bf16 autocast and ONNX Runtime fp32 and int8 (dynamic and static Q
 has no CUDA execution provider).
 
     python bench/generate.py [--quick] [--device cpu|cuda] [--batches 1 100 10000] [--threads 2]
-        [--checkpoint RUN] [--min-seconds 5] [--out bench/results/generate]
+        [--checkpoint RUN] [--min-seconds 5] [--rows torch:bf16-fast ...] [--ceiling fp32=200,...]
+        [--out bench/results/generate]
+
+Also the "-fast" rows (CPU): the generator rewritten for CPU inference (mpilearn.calo.fastpath:
+the same function in fp32-fast, 0.21 instead of 3.63 GFLOP in its first layer; bf16-fast; int8-fast
+with oneDNN int8 convolutions) in PyTorch, and fp32-fast in ONNX Runtime. Each row gives the
+GFLOP per shower of the graph it runs (torch.utils.flop_counter), its fraction of the machine's
+ceiling at its precision (--ceiling) and the floor in ms that ceiling sets. --rows picks rows.
 
 Each row: one untimed call at a small batch (kernel selection), then calls of the row's batch
 until --min-seconds have passed (at least one); showers/s = showers / seconds, the noise drawn
@@ -27,6 +34,8 @@ from common import write  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TARGETS = {"cpu": 20.0, "cuda": 2000.0}
+CEILINGS = "fp32=200,bf16=570,int8=800"
+LATENCY_MS, INT8_GAIN = 20.0, 3.0  # issue 47's CPU goals
 # the largest live activations of one shower: the first conv's input and output, 54x54x48 x 8
 # channels each, 4 bytes (fp32)
 ACTIVATION_BYTES = 2 * 54 * 54 * 48 * 8 * 4
@@ -57,7 +66,44 @@ def _rate(fn, inputs_for, batch, chunk, min_seconds):
             return done / seconds, seconds, time.process_time() - cpu
 
 
+def variant_model(model, precision):
+    """The ShowerModel a row runs: the "-fast" rows the generator rewritten for CPU inference
+    (mpilearn.calo.fastpath; int8-fast calibrated on the default training ranges)."""
+    from mpilearn.calo.fastpath import Chunked, fast_shower_model
+
+    if precision == "int8-fast":  # as generate runs them: in calls of fastpath.CHUNK showers
+        from mpilearn.calo.int8fast import int8_shower_model
+
+        return Chunked(int8_shower_model(model, {"variant": model.variant}))
+    if precision.endswith("-fast"):
+        return Chunked(fast_shower_model(model, precision))
+    return model
+
+
+def flops_per_shower(model) -> float:
+    """FLOPs of one shower through ``model`` (torch.utils.flop_counter: convolutions and the
+    dense layer; element-wise work is not counted)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from mpilearn.calo.export import example_inputs
+
+    with FlopCounterMode(display=False) as counter, torch.inference_mode():
+        model(*example_inputs(model, 1))
+    return float(counter.get_total_flops())
+
+
+def _ceilings(text: str) -> dict:
+    return {k: float(v) for k, v in (item.split("=") for item in text.split(","))}
+
+
+def precision_kind(precision: str) -> str:
+    """fp32 / bf16 / int8: the arithmetic a row's convolutions run in."""
+    return next(k for k in ("int8", "bf16", "fp32") if k in precision)
+
+
 def torch_runner(model, device, precision):
+    model = variant_model(model, precision)
+
     def run(*inputs):
         with torch.inference_mode(), torch.autocast(device, dtype=torch.bfloat16,
                                                     enabled=precision == "bf16"):
@@ -96,7 +142,12 @@ def onnx_runner(model, device, threads, precision="fp32"):
     from mpilearn.calo.export import NAMES, export_onnx
 
     path = os.path.join(tempfile.mkdtemp(prefix="mpilearn-bench-"), "generator.onnx")
-    export_onnx(model.cpu(), path)
+    if precision == "fp32-fast":  # as export --precision fp32-fast writes it
+        from mpilearn.calo.fastpath import fast_shower_model
+
+        export_onnx(fast_shower_model(model.cpu(), precision, onednn=False), path)
+    else:
+        export_onnx(model.cpu(), path)
     if precision.startswith("int8"):  # "int8 dynamic" / "int8 static": as export --precision int8
         from mpilearn.calo.precision import quantize_int8
 
@@ -141,6 +192,13 @@ def main():
     ap.add_argument("--max-gb", type=float, default=None,
                     help="activation memory a batch may take (default: half the RAM / GPU)")
     ap.add_argument("--quick", action="store_true", help="batches 1 and 16, 1 s each (CI)")
+    ap.add_argument("--rows", nargs="+", default=None,
+                    help="only these rows, as runtime:precision (e.g. torch:bf16-fast "
+                    "'onnxruntime:int8 static')")
+    ap.add_argument("--ceiling", type=_ceilings, default=_ceilings(CEILINGS),
+                   help="GFLOP/s two cores can do per precision (scaled by --threads / 2), for "
+                   f"each row's fraction and floor (default {CEILINGS}: this 2-core AVX-512 "
+                   "VNNI/BF16 CPU; int8 about 4x fp32 with VNNI)")
     ap.add_argument("--out", default=os.path.join(REPO, "bench", "results", "generate"))
     a = ap.parse_args()
     if a.quick:
@@ -160,6 +218,16 @@ def main():
     rows, skipped = [], onnx_cuda_missing(a.device)
     runtimes = [("torch", "fp32"), ("torch", "bf16"), ("onnxruntime", "fp32"),
                 ("onnxruntime", "int8 dynamic"), ("onnxruntime", "int8 static")]
+    if a.device == "cpu":  # the rewritten generator (CPU inference; int8-fast is CPU only)
+        runtimes += [("torch", "fp32-fast"), ("torch", "bf16-fast"), ("torch", "int8-fast"),
+                     ("onnxruntime", "fp32-fast")]
+    runtimes = [r for r in runtimes if not a.rows or f"{r[0]}:{r[1]}" in a.rows]
+    # FLOPs per shower of the graph each row runs: the "-fast" rows' rewrite does fewer
+    flops = {"plain": flops_per_shower(model.cpu())}
+    from mpilearn.calo.fastpath import fast_shower_model  # plain convolutions: the counter's
+
+    flops["fast"] = flops_per_shower(fast_shower_model(model.cpu(), "fp32-fast", onednn=False))
+    model.to(a.device)
     for runtime, precision in runtimes:
         if runtime == "onnxruntime" and skipped:
             rows.append({"device": a.device, "runtime": runtime, "precision": precision,
@@ -181,12 +249,20 @@ def main():
             # what the threads would make on an idle machine: showers per CPU-second x threads
             # (an upper estimate; on a shared machine the wall-clock rate is a lower bound)
             row["cpu_bound_showers_per_s"] = row["showers_per_s"] * row["seconds"] / cpu * a.threads
+            row["gflop_per_shower"] = flops["fast" if "fast" in precision else "plain"] / 1e9
+            ceiling = a.ceiling.get(precision_kind(precision))
+            if ceiling and a.device == "cpu":  # of the ceiling of the cores the threads use,
+                ceiling *= a.threads / 2       # from the idle estimate (a loaded machine's
+                rate = row["cpu_bound_showers_per_s"]  # wall rate says little)
+                row["fraction_of_ceiling"] = rate * row["gflop_per_shower"] / ceiling
+                row["floor_ms"] = 1000 * row["gflop_per_shower"] / ceiling
             rows.append(row)
             print(row, flush=True)
     rows.append(simulate_row(a.batches[-1], a.min_seconds))
     print(rows[-1], flush=True)
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     data = {"rows": rows, "weights": source, "targets": TARGETS, "load_average": load,
+            "gflop_per_shower": {k: v / 1e9 for k, v in flops.items()}, "ceilings_gflops": a.ceiling,
             "instruction_set": instruction_set(), "torch_threads": torch.get_num_threads(),
             "command": " ".join(["python", "bench/generate.py", *sys.argv[1:]])}
     write(a.out, data, markdown(data))
@@ -205,18 +281,23 @@ def markdown(data):
           f"{data['load_average']:.1f} when it ended (a shared machine: other jobs ran beside "
           "it, so these are lower bounds; the last column, showers per CPU-second of this process "
           "times its threads, estimates the rate on an idle machine).", "",
-          "| device | runtime | precision | batch | showers/s | ms/shower | showers per CPU-second x threads |",
-          "|---|---|---|---|---|---|---|"]
+          "| device | runtime | precision | batch | showers/s | ms/shower | showers per CPU-second x threads "
+          "| GFLOP per shower | fraction of the ceiling (per CPU-second) | floor ms |",
+          "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if "skipped" in r:
-            md.append(f"| {r['device']} | {r['runtime']} | {r['precision']} | | {r['skipped']} | | |")
+            md.append(f"| {r['device']} | {r['runtime']} | {r['precision']} | | {r['skipped']} | | | | | |")
             continue
         chunks = f" (in calls of {r['chunk']})" if r["chunk"] < r["batch"] else ""
+        ceiling = (f"{r['fraction_of_ceiling']:.0%} | {r['floor_ms']:.1f}" if "floor_ms" in r
+                   else " | ")
         md.append(f"| {r['device']} | {r['runtime']} | {r['precision']} | {r['batch']}{chunks} | "
                   f"{r['showers_per_s']:.1f} | {1000 / r['showers_per_s']:.1f} | "
-                  f"{r['cpu_bound_showers_per_s']:.1f} |")
+                  f"{r['cpu_bound_showers_per_s']:.1f} | "
+                  f"{format(r['gflop_per_shower'], '.2f') if 'gflop_per_shower' in r else ''} | "
+                  f"{ceiling} |")
     if device == "cpu":
-        md.append("| cuda (one H100) | torch | bf16 | 10000 | not run (no GPU in this session) | | |")
+        md.append("| cuda (one H100) | torch | bf16 | 10000 | not run (no GPU in this session) | | | | | |")
     md += ["", "mpilearn.simulate is a parametric stand-in (GFlash-style profiles drawn with numpy), "
            "not Geant4: the generator's rate beside it is not its speed-up over a full Monte Carlo.",
            ""] if any(r["runtime"].startswith("mpilearn.simulate") for r in rows) else []
@@ -230,7 +311,34 @@ def markdown(data):
                f"(estimate, {idle['runtime']} {idle['precision']} batch {idle['batch']}: "
                f"{idle['cpu_bound_showers_per_s']:.1f}): {guess}. Target on one H100 in bf16 >= "
                f"{targets['cuda']:g} showers/s" + (": not measured here." if device == "cpu" else ".")]
+    if device == "cpu":
+        md += issue47_goals(ran)
     return md
+
+
+def issue47_goals(rows) -> list:
+    """Issue 47's CPU goals, each met or missed: <= 20 ms per shower at batch 1; an int8 row
+    >= 3x ONNX Runtime fp32 at the largest batch measured (as measured, and per CPU-second)."""
+    out = []
+    one = [r for r in rows if r["batch"] == 1]
+    if one:
+        best = max(one, key=lambda r: r["showers_per_s"])
+        ms = 1000 / best["showers_per_s"]
+        out.append(f"Issue 47, <= {LATENCY_MS:g} ms per shower at batch 1: best {ms:.1f} ms "
+                   f"({best['runtime']} {best['precision']}): "
+                   f"{'met' if ms <= LATENCY_MS else 'missed'} as measured.")
+    top = max(r["batch"] for r in rows)
+    ort = [r for r in rows if r["batch"] == top and r["runtime"] == "onnxruntime"
+           and r["precision"] == "fp32"]
+    int8 = [r for r in rows if r["batch"] == top and "int8" in r["precision"]]
+    if ort and int8:
+        best = max(int8, key=lambda r: r["showers_per_s"])
+        wall = best["showers_per_s"] / ort[0]["showers_per_s"]
+        cpu = best["cpu_bound_showers_per_s"] / ort[0]["cpu_bound_showers_per_s"]
+        out.append(f"Issue 47, int8 >= {INT8_GAIN:g}x ONNX Runtime fp32 at batch {top}: best "
+                   f"{best['runtime']} {best['precision']}, {wall:.1f}x as measured, {cpu:.1f}x per "
+                   f"CPU-second: {'met' if wall >= INT8_GAIN else 'missed'} as measured.")
+    return [""] + out if out else []
 
 
 if __name__ == "__main__":

@@ -140,6 +140,8 @@ def test_empty_showers_are_counted_in_one_warning(tiny_run, tmp_path):
     (["--events", "4", "--energy", "200", "100"], "--energy-dist uniform needs two values LOW HIGH"),
     (["--events", "4", "--angle", "190"], "--angle 190 is out of range"),
     (["--events", "0"], "--events 0: must be at least 1"),
+    (["--events", "2", "--precision", "int8-fast", "--gate-events", "1"],
+     "--gate-events 1: must be at least 2"),
     (["--conditions", "missing.h5"], "--conditions missing.h5: no such file"),
     # the run trained on 100-200 GeV, 60-120 degrees (RUN/training_ranges.json)
     (["--events", "4", "--energy", "5000"], "energy 5000 GeV is outside the run's training range"),
@@ -254,6 +256,71 @@ def test_bf16_export_is_a_gated_program_equal_to_bf16_generation_and_never_overw
         assert (got - model(*inputs)).abs().max() > 0  # bf16, not fp32
     again = mpirun(1, argv)  # the variant already there is not replaced without --overwrite
     assert again.returncode == 2 and "exists (give --overwrite" in again.stderr, again.stderr
+
+
+def test_fast_exports_pass_their_gate_and_equal_fast_generation(tiny_run, tmp_path):
+    """export --precision bf16-fast / fp32-fast (the generator rewritten for CPU inference):
+    gated like the other variants; the program is what generate --precision bf16-fast makes,
+    the fp32-fast ONNX file the fp32 function."""
+    out = tmp_path / "x"
+    proc = mpirun(1, ["-m", "mpilearn.export", str(tiny_run), "--output", str(out), "--no-check",
+                      "--precision", "bf16-fast", "--gate-events", "32"])
+    assert proc.returncode == 0, proc.stderr
+    assert "physics gate passed" in proc.stdout and "fpd moved" in proc.stdout, proc.stdout
+    assert "Warning" not in proc.stderr, proc.stderr  # a clean export
+    record = json.load(open(out / "generator.bf16-fast.json"))
+    assert record["precision"] == "bf16-fast" and record["physics_gate"]["passed"]
+    from mpilearn.calo.export import TOLERANCE, check_onnx, fast_variant
+    from mpilearn.calo.runs import load_task, resolve_checkpoint, run_config, shower_model
+
+    checkpoint = resolve_checkpoint(str(tiny_run))
+    model = shower_model(load_task(checkpoint, run_config(checkpoint))[0])
+    # fp32-fast goes through the same write_variant; its ONNX file is the fp32 function
+    path, settings = fast_variant(model, str(out), "fp32-fast")
+    assert path.endswith("generator.fp32-fast.onnx") and settings["runtime"] == "ONNX Runtime"
+    assert check_onnx(path, model) <= TOLERANCE
+    args = ("--events", "6", "--batch-size", "4", "--seed", "2", "--energy", "150")
+    proc = generate(1, tiny_run, tmp_path / "fast.h5", "--precision", "bf16-fast", *args)
+    assert proc.returncode == 0 and "bf16-fast" in proc.stdout, proc.stderr
+    program = torch.export.load(str(out / "generator.bf16-fast.pt2")).module()
+    task = load_task(checkpoint, run_config(checkpoint))[0]
+    task.seed = 2
+    with h5py.File(tmp_path / "fast.h5") as f:
+        ecal, angle = f["ECAL"][()], f["mtheta"][()]
+    inputs = [torch.as_tensor(np.asarray(x, np.float32)) for x in  # generate's first call
+              (task.generation_noise(np.arange(2)), np.full(2, 1.5), angle[:2])]
+    with torch.inference_mode():
+        np.testing.assert_array_equal(program(*inputs).numpy() * 50, ecal[:2])
+
+
+def test_int8_fast_generation_is_gated_and_alike_at_one_and_two_ranks(tiny_run, tmp_path):
+    """generate --precision int8-fast: calibrated the same on every rank, its physics gate run
+    before any shower; a broken quantisation (one layer's weight scale 30x) fails that gate."""
+    args = ("--events", "5", "--batch-size", "2", "--seed", "1", "--energy", "150",
+            "--precision", "int8-fast", "--gate-events", "16")
+    runs = {n: generate(n, tiny_run, tmp_path / f"q{n}.h5", *args) for n in (1, 2)}
+    for proc in runs.values():
+        assert proc.returncode == 0, proc.stderr
+        assert "int8-fast physics gate passed: score moved" in proc.stdout, proc.stdout
+    with h5py.File(tmp_path / "q1.h5") as one, h5py.File(tmp_path / "q2.h5") as two:
+        assert one.attrs["precision"] == "int8-fast"
+        for key in one:
+            np.testing.assert_array_equal(one[key][()], two[key][()])
+    from mpilearn.calo import precision
+    from mpilearn.calo.export import latent
+    from mpilearn.calo.generate import int8_model
+    from mpilearn.calo.int8fast import QuantizedConv3d
+    from mpilearn.calo.runs import load_task, resolve_checkpoint, run_config, shower_model
+
+    checkpoint = resolve_checkpoint(str(tiny_run))
+    task = load_task(checkpoint, run_config(checkpoint))[0]
+    plan = type("Plan", (), {"ranges": json.load(open(tiny_run / "training_ranges.json"))})
+    model, meta = int8_model(task, plan)
+    broken = next(m for m in model.modules() if isinstance(m, QuantizedConv3d))
+    broken.w_scale = broken.w_scale * 30
+    fp32 = shower_model(task)
+    result = precision.gate(fp32, model, meta, latent(fp32), events=16)
+    assert not result["passed"], precision.describe(result)
 
 
 def test_generate_runs_the_exported_file_alike_at_one_and_two_ranks(tiny_run, tmp_path):

@@ -35,6 +35,9 @@ from ..errors import UsageError, exit_status
 # torch (and .runs, which imports it) is imported where used, so that --help stays quick
 
 NAMES = {"angle": ["noise", "energy", "angle"], "fixed": ["noise", "energy"]}
+# the faster variants (--precision) and the kind of file each is written as
+VARIANTS = {"fast": ("fp32-fast", "bf16-fast"),
+            "files": {"int8": "onnx", "bf16": "pt2", "fp32-fast": "onnx", "bf16-fast": "pt2"}}
 TOLERANCE = 1e-4  # of each shower's largest cell
 
 
@@ -69,8 +72,9 @@ class _DropMessage(logging.Filter):
 def quiet_export():
     """Silences, during one export only, the exporters' messages a user cannot act on: the
     registry's "torchvision is not installed" (torchvision ops are not in the generator), torch's
-    own LeafSpec deprecation and "the axis name: batch will not be used" (every input shares the
-    one batch dimension on purpose). Anything else still shows."""
+    own LeafSpec deprecation, "the axis name: batch will not be used" (every input shares the
+    one batch dimension on purpose) and, saving channels-last weights, "No complete tensor found
+    in the group" (it matters for weights off the CPU). Anything else still shows."""
     registry = logging.getLogger("torch.onnx._internal.exporter._registration")
     drop = _DropMessage("torchvision is not installed")
     registry.addFilter(drop)
@@ -79,6 +83,10 @@ def quiet_export():
             warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)",
                                     category=FutureWarning)
             warnings.filterwarnings("ignore", message=r".*axis name: batch will not be used",
+                                    category=UserWarning)
+            # saving channels-last weights (bf16-fast) warns of trouble for weights off the
+            # CPU; these are on it
+            warnings.filterwarnings("ignore", message=r"No complete tensor found in the group",
                                     category=UserWarning)
             yield
     finally:
@@ -93,7 +101,7 @@ def export_program(model, path: str) -> None:
 
     with quiet_export():
         program = torch.export.export(model, example_inputs(model, 3), dynamic_shapes=_dynamic(model))
-    atomic_write_bytes(path, lambda f: torch.export.save(program, f))
+        atomic_write_bytes(path, lambda f: torch.export.save(program, f))
 
 
 def export_onnx(model, path: str) -> None:
@@ -176,11 +184,16 @@ def main(argv=None) -> int:
     p.add_argument("--overwrite", action="store_true", help="replace files already there")
     p.add_argument("--no-check", dest="check", action="store_false",
                    help="skip the ONNX Runtime comparison")
-    p.add_argument("--precision", choices=("fp32", "bf16", "int8"), default="fp32",
+    p.add_argument("--precision", choices=("fp32", "bf16", "int8", *VARIANTS["fast"]),
+                   default="fp32",
                    help="int8: also write generator.int8.onnx (ONNX Runtime quantisation, for "
                    "CPUs); bf16: also write generator.bf16.pt2 (a torch.export program under "
-                   "bf16 autocast, for GPUs and bf16 CPUs); each written only if its physics "
-                   "gate passes (see mpilearn.calo.precision)")
+                   "bf16 autocast, for GPUs and bf16 CPUs); fp32-fast: also write "
+                   "generator.fp32-fast.onnx (the graph rewritten for CPU inference, the same "
+                   "function: mpilearn.calo.fastpath); bf16-fast: also write "
+                   "generator.bf16-fast.pt2 (that rewrite in bf16, channels-last, oneDNN: the "
+                   "fastest on a bf16 CPU at batch 1); each written only if its physics gate "
+                   "passes (see mpilearn.calo.precision)")
     p.add_argument("--int8-mode", choices=("dynamic", "static"), default="dynamic",
                    help="dynamic: int8 weights, activation scales per call (default: the faster "
                    "on a CPU at batch 1); static: QDQ calibrated on the training ranges")
@@ -198,8 +211,8 @@ def main(argv=None) -> int:
         run = os.path.dirname(os.path.dirname(checkpoint))
         output = args.output or os.path.join(run, "export")
         paths = {kind: os.path.join(output, f"generator.{kind}") for kind in ("onnx", "pt2", "json")}
-        variant = {"fp32": [], "int8": ["generator.int8.onnx", "generator.int8.json"],
-                   "bf16": ["generator.bf16.pt2", "generator.bf16.json"]}[args.precision]
+        variant = [f"generator.{args.precision}.{ext}" for ext in
+                   (VARIANTS["files"].get(args.precision), "json")] if args.precision != "fp32" else []
         there = [path for path in [*paths.values(), *(os.path.join(output, v) for v in variant)]
                  if os.path.exists(path)]
         if there and not args.overwrite:
@@ -236,12 +249,33 @@ def make_variant(model, fp32_path: str, output: str, args, meta: dict) -> tuple:
     if args.precision == "int8":
         path = os.path.join(output, "generator.int8.onnx")
         return path, precision.quantize_int8(fp32_path, path, args.int8_mode, meta, latent(model))
+    if args.precision in VARIANTS["fast"]:
+        return fast_variant(model, output, args.precision)
     path = os.path.join(output, "generator.bf16.pt2")
     export_program(ShowerModel(model.generator, model.variant, bf16=True), path)
     return path, {"precision": "bf16", "quantization": "bf16 autocast",
                   "weights": "fp32, cast to bf16 per layer", "activations": "bf16 in the "
                   "generator's layers, fp32 post-processing", "runtime": "torch.export "
                   "(torch.export.load(path).module())"}
+
+
+def fast_variant(model, output: str, precision: str) -> tuple:
+    """(path, settings) of ``model`` rewritten by :mod:`.fastpath`: fp32 as ONNX (for ONNX
+    Runtime), bf16 as a torch.export program."""
+    from .fastpath import fast_shower_model
+
+    path = os.path.join(output, f"generator.{precision}.{VARIANTS['files'][precision]}")
+    settings = {"precision": precision, "quantization": "none: the same function, rewritten "
+                "(polyphase first layer, pads folded into the convolutions)",
+                "weights": precision[:4]}
+    fast = fast_shower_model(model, precision, onednn=False)  # exports trace plain convolutions
+    if precision == "fp32-fast":
+        export_onnx(fast, path)
+        return path, {**settings, "runtime": "ONNX Runtime"}
+    export_program(fast, path)
+    return path, {**settings, "activations": "bf16 channels_last_3d in the generator's layers, "
+                  "fp32 post-processing", "runtime": "torch.export (torch.export.load(path)."
+                  "module()); on a CPU its bf16 convolutions are oneDNN's"}
 
 
 def latent(model) -> int:

@@ -129,6 +129,8 @@ def prepare(args):
         args.checkpoint = args.checkpoint or onnx_checkpoint(args.onnx_file)
     if args.events is not None and args.events < 1:
         raise UsageError(f"--events {args.events}: must be at least 1")
+    if args.gate_events < 2:
+        raise UsageError(f"--gate-events {args.gate_events}: must be at least 2")
     if args.batch_size < 1:
         raise UsageError(f"--batch-size {args.batch_size}: must be at least 1")
     if args.conditions is None and args.events is None:
@@ -188,8 +190,10 @@ def plan_conditions(args, plan, task):
     from .runs import is_keras
 
     angle_key = task.preprocess.angle_key if task.variant == "angle" else None
-    if args.precision == "bf16" and is_keras(task):
-        raise UsageError("--precision bf16 needs a PyTorch run (Keras: fp32)")
+    if args.precision != "fp32" and is_keras(task):
+        raise UsageError(f"--precision {args.precision} needs a PyTorch run (Keras: fp32)")
+    if args.precision == "int8-fast" and not args.device.startswith("cpu"):
+        raise UsageError(f"--precision int8-fast runs on the CPU (oneDNN), not --device {args.device}")
     if args.angle_given and task.variant != "angle":
         raise UsageError("--angle: the fixed-angle (25x25x25) model takes no angle")
     if args.conditions:
@@ -200,9 +204,42 @@ def plan_conditions(args, plan, task):
     return None
 
 
-def produce(task, plan, table, args, comm, write=None):
+def int8_model(task, plan):
+    """The int8-fast ShowerModel, calibrated on the run's training ranges (seeded: the same
+    model on every rank)."""
+    from .fastpath import Chunked
+    from .int8fast import int8_shower_model
+    from .runs import shower_model
+
+    trained = plan.ranges or {}
+    meta = {"variant": task.variant, "energy_range_gev": trained.get("energy_gev"),
+            "angle_range_deg": trained.get("angle_deg")}
+    return Chunked(int8_shower_model(shower_model(task), meta)), meta
+
+
+def gate_int8(args, task, model, meta):
+    """Rank 0: int8-fast's physics gate against the fp32 generator; UsageError when it fails
+    (a warning with --force)."""
+    from . import precision
+    from .export import latent
+    from .runs import shower_model
+
+    fp32 = shower_model(task)
+    result = precision.gate(fp32, model, meta, latent(fp32), events=args.gate_events)
+    numbers = precision.describe(result)
+    if not result["passed"] and not args.force:
+        raise UsageError(f"--precision int8-fast refused: its physics moved by more than the fp32 "
+                         f"generator's own seed-to-seed spread: {numbers} (give --force to use it "
+                         "anyway)")
+    print(("mpilearn: warning: int8-fast used with --force although its physics gate failed: "
+           if not result["passed"] else "int8-fast physics gate passed: ") + numbers,
+          file=sys.stderr if not result["passed"] else sys.stdout, flush=True)
+
+
+def produce(task, plan, table, args, comm, write=None, model=None):
     """Collective: every rank generates batches k = rank, rank + ranks, ...; rank 0 gathers
-    each round in order and calls ``write(start, energy, angle, cells_gev)``."""
+    each round in order and calls ``write(start, energy, angle, cells_gev)``. ``model``: a
+    ShowerModel built beforehand (int8-fast), else the task's."""
     import torch
 
     from .runs import is_keras, shower_model
@@ -210,11 +247,16 @@ def produce(task, plan, table, args, comm, write=None):
     rank, size = comm.Get_rank(), comm.Get_size()
     n = len(table[0]) if table is not None else args.events
     batches = math.ceil(n / args.batch_size)
-    model = onnx = None
+    onnx = None
     if getattr(args, "runtime", "torch") == "onnx":
         onnx = onnx_model(args.onnx_file, task.variant)
-    elif not is_keras(task):  # PyTorch: the exported module, on the device
-        model = shower_model(task).to(args.device)
+    elif model is None and not is_keras(task):  # PyTorch: the exported module, on the device
+        model = shower_model(task)
+        if args.precision.endswith("-fast"):
+            from .fastpath import Chunked, fast_shower_model
+
+            model = Chunked(fast_shower_model(model, args.precision))
+        model = model.to(args.device)
     autocast = torch.autocast(args.device.split(":")[0], dtype=torch.bfloat16,
                               enabled=args.precision == "bf16")
     bar = None
@@ -310,7 +352,16 @@ def main(argv=None) -> int:
                    "training ranges (RUN/training_ranges.json) with one warning, not exit 2")
     p.add_argument("--seed", type=int, default=0, help="noise and drawn conditions (default 0)")
     p.add_argument("--batch-size", type=int, default=100)
-    p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
+    p.add_argument("--precision", choices=("fp32", "bf16", "fp32-fast", "bf16-fast", "int8-fast"),
+                   default="fp32", help="bf16: autocast; fp32-fast / bf16-fast: the generator "
+                   "rewritten for CPU inference (mpilearn.calo.fastpath; fp32-fast is the same "
+                   "function); int8-fast: that rewrite with int8 convolutions (oneDNN, CPU), "
+                   "calibrated on the run's training ranges and refused (exit 2) unless it "
+                   "passes the physics gate against fp32 (mpilearn.calo.precision). PyTorch runs")
+    p.add_argument("--gate-events", type=int, default=64,
+                   help="showers per physics gate sample (int8-fast)")
+    p.add_argument("--force", action="store_true",
+                   help="generate with int8-fast although its physics gate fails (with a warning)")
     p.add_argument("--runtime", choices=("torch", "onnx"), default="torch",
                    help="onnx: the positional argument is an exported file (python -m "
                    "mpilearn.export; int8 included), run in ONNX Runtime on the CPU; its run "
@@ -347,6 +398,10 @@ def main(argv=None) -> int:
         task, epoch = load_task(plan.checkpoint, plan.config)
         task.seed = args.seed
         table = ctx.comm.bcast(check_on_root(ctx.comm, plan_conditions, args, plan, task), root=0)
+        model = None
+        if args.precision == "int8-fast":
+            model, meta = int8_model(task, plan)
+            check_on_root(ctx.comm, gate_int8, args, task, model, meta)
         ctx.comm.Barrier()
         start = time.perf_counter()
         if ctx.rank == 0:
@@ -365,11 +420,11 @@ def main(argv=None) -> int:
                     if args.onnx_file:
                         h5.attrs["onnx_file"] = os.path.abspath(args.onnx_file)
                     writer = _Writer(h5, task, n, args.compression == "gzip")
-                    produce(task, plan, table, args, ctx.comm, writer)
+                    produce(task, plan, table, args, ctx.comm, writer, model)
 
             atomic_write_bytes(args.output, write_all)
         else:
-            produce(task, plan, table, args, ctx.comm)
+            produce(task, plan, table, args, ctx.comm, model=model)
         seconds = time.perf_counter() - start
     except Exception as err:  # mpilearn's own errors become statuses; others abort the job
         return exit_status(err, ctx.rank)

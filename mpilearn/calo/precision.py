@@ -107,15 +107,22 @@ def session(path: str, threads: int = 0):
     return onnxruntime.InferenceSession(path, options, providers=["CPUExecutionProvider"])
 
 
-def runner(path: str) -> Callable[[dict], np.ndarray]:
+def runner(path) -> Callable[[dict], np.ndarray]:
     """feeds -> cells of the exported file ``path``: ONNX Runtime (CPU) for ``.onnx``, the
-    ``torch.export`` program for ``.pt2`` (the bf16 variant)."""
+    ``torch.export`` program for ``.pt2`` (the bf16 variant); a ``torch.nn.Module`` (an
+    in-process variant such as int8-fast) runs as it is."""
+    if not isinstance(path, str):
+        return module_runner(path)
     if not path.endswith(".pt2"):
         sess = session(path)
         return lambda feeds: sess.run(None, feeds)[0]
     import torch
 
-    module = torch.export.load(path).module()
+    return module_runner(torch.export.load(path).module())
+
+
+def module_runner(module) -> Callable[[dict], np.ndarray]:
+    import torch
 
     def run(feeds):
         with torch.inference_mode():
@@ -127,10 +134,10 @@ def _features(run, feeds: dict) -> dict:
     return physics.features(run(feeds), feeds["energy"] * 100.0, feeds.get("angle"))
 
 
-def gate(fp32_path: str, variant_path: str, meta: dict, latent: int, events: int = 64,
+def gate(fp32_path, variant_path, meta: dict, latent: int, events: int = 64,
          seed: int = 0) -> dict:
     """The physics gate (module doc) on ``events`` showers: per metric the variant's move and the
-    fp32 spread, and ``passed``."""
+    fp32 spread, and ``passed``. Each side is a file or a module (see :func:`runner`)."""
     reference, variant = runner(fp32_path), runner(variant_path)
     feeds_b = conditions(meta, events, seed, latent)
     fp32_b = _features(reference, feeds_b)
