@@ -456,7 +456,10 @@ class Trainer:
         else:  # as a resume on another rank count does, so that the run equals that replay
             self._seed_rank_streams()
         self._resize_batch(snap)
-        self.callbacks = self._default_callbacks()
+        # the defaults again (rank 0's duties may have moved); one a caller added stays
+        defaults = self._default_callbacks()
+        names = {cb.name for cb in defaults}
+        self.callbacks = defaults + [cb for cb in self.callbacks if cb.name not in names]
         for cb in self.callbacks:
             if snap.callbacks.get(cb.name):
                 cb.load_state_dict(snap.callbacks[cb.name])
