@@ -41,17 +41,24 @@ def assert_same(got, want):
         torch.testing.assert_close(got[k], want[k], rtol=0, atol=0)
 
 
+def stop_and_resume(tmp_path_factory, name, toy_file, steps, before, after, *extra):
+    """The replay, made once per session: stopped by a signal after exactly ``steps`` steps at
+    np=``before``, resumed at np=``after``; the run directory."""
+    def train(folder):
+        out = str(folder / "run")
+        stop = mpirun(before, args(toy_file, out, *extra),
+                      env={"MPILEARN_TEST_STOP": str(steps)})
+        assert stop.returncode == 75, stop.stderr
+        proc = mpirun(after, args(toy_file, out, *extra, "--resume"))
+        assert proc.returncode == 0, proc.stderr
+
+    return str(shared(tmp_path_factory, name, train) / "run")
+
+
 @pytest.fixture(scope="session")
 def replay(toy_file, tmp_path_factory):
     """Stopped by a signal after exactly KILL_AFTER steps at np=3, resumed at np=2."""
-    def train(folder):
-        out = str(folder / "run")
-        stop = mpirun(3, args(toy_file, out), env={"MPILEARN_TEST_STOP": str(KILL_AFTER)})
-        assert stop.returncode == 75, stop.stderr
-        proc = mpirun(2, args(toy_file, out, "--resume"))
-        assert proc.returncode == 0, proc.stderr
-
-    return str(shared(tmp_path_factory, "elastic-replay", train) / "run")
+    return stop_and_resume(tmp_path_factory, "elastic-replay", toy_file, KILL_AFTER, 3, 2)
 
 
 @pytest.mark.parametrize("victim", [1, 0])
@@ -148,15 +155,8 @@ ONE_EPOCH = ("--set", "train.epochs=1")  # enough to see every event once, and c
 @pytest.fixture(scope="session")
 def grow_replay(toy_file, tmp_path_factory):
     """Stopped by a signal after exactly GROW_AT steps at np=2, resumed at np=3."""
-    def train(folder):
-        out = str(folder / "run")
-        stop = mpirun(2, args(toy_file, out, *ONE_EPOCH),
-                      env={"MPILEARN_TEST_STOP": str(GROW_AT)})
-        assert stop.returncode == 75, stop.stderr
-        proc = mpirun(3, args(toy_file, out, *ONE_EPOCH, "--resume"))
-        assert proc.returncode == 0, proc.stderr
-
-    return str(shared(tmp_path_factory, "elastic-grow-replay", train) / "run")
+    return stop_and_resume(tmp_path_factory, "elastic-grow-replay", toy_file, GROW_AT, 2, 3,
+                           *ONE_EPOCH)
 
 
 def grow_run(toy_file, tmp_path, env=None):
@@ -369,15 +369,8 @@ def test_a_rank_lost_during_start_up_ends_the_job_with_one_line_and_75_then_rela
 @pytest.fixture(scope="session")
 def replay_4_to_2(toy_file, tmp_path_factory):
     """One epoch stopped by a signal after exactly KILL_AFTER steps at np=4, resumed at np=2."""
-    def train(folder):
-        out = str(folder / "run")
-        stop = mpirun(4, args(toy_file, out, *ONE_EPOCH),
-                      env={"MPILEARN_TEST_STOP": str(KILL_AFTER)})
-        assert stop.returncode == 75, stop.stderr
-        proc = mpirun(2, args(toy_file, out, *ONE_EPOCH, "--resume"))
-        assert proc.returncode == 0, proc.stderr
-
-    return str(shared(tmp_path_factory, "elastic-replay-4-2", train) / "run")
+    return stop_and_resume(tmp_path_factory, "elastic-replay-4-2", toy_file, KILL_AFTER, 4, 2,
+                           *ONE_EPOCH)
 
 
 def test_a_second_loss_during_the_recovery_is_recovered_from_too(toy_file, tmp_path,

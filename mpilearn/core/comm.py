@@ -140,14 +140,7 @@ def record_end(code: int) -> None:
     ``mpirun --with-ft ulfm`` (Open MPI 5.0.11) exits 137 once a rank that the job had spawned
     was killed, although the others survived it and finished (open-mpi/ompi#13325), and 213
     after an ``MPI_Comm_spawn`` it refused, although the ranks then stopped with 75."""
-    path = os.environ.get(STATUS_ENV)
-    if not path:
-        return
-    try:
-        with open(path, "a") as f:
-            f.write(f"end {code}\n")
-    except OSError:  # another node than the launcher
-        pass
+    _append_status(f"end {code}\n")
 
 
 def abort(world, code: int) -> None:

@@ -7,7 +7,8 @@ wrapped function runs; a lost worker raises ``HorovodInternalError`` inside a co
 survivors restore the last ``commit()``, rebuild the job without it (here: revoke and shrink
 the communicator, no new rendezvous), call the reset callbacks, synchronise from the new rank 0
 and run the function again. Differences: ``check_host_updates`` has no host driver to ask, so
-it never raises; growing back is not built, so hosts are only ever removed.
+it never raises; growing back in process is built for ``python -m mpilearn.train`` runs only
+(``Trainer._grow``), so here hosts are only ever removed.
 """
 from __future__ import annotations
 

@@ -124,14 +124,13 @@ def run(args, make_config, after=None) -> int:
     ``after(ctx, last epoch record)``; the exit status."""
     from ..cluster import preempt, stage
     from ..core import comm as mcomm
+    from ..core import membership
     from . import elastic
     from .stops import before_start
 
     preempt.install()
     ctx = mcomm.init()
     stage.leave_on_exit(ctx.local_rank)
-    from ..core import membership
-
     merged = membership.joined()
     if merged is not None:  # spawned by a running job to join it (an elastic growth)
         return _newcomer(ctx, merged)
@@ -175,26 +174,27 @@ def run(args, make_config, after=None) -> int:
         status = exit_status(elastic.outside_training(err), ctx.rank)
         if launches is not None:
             launches.write(status)
-        return mcomm.leaving(preempt.leave(_survived(ctx, status)))
+        return _leaving(ctx, status)
     launches.write(0)
     # finished: a stop signal from here on (its exit takes seconds) has nothing to stop
-    return mcomm.leaving(preempt.leave(_survived(ctx, 0)))
+    return _leaving(ctx, 0)
 
 
-def _survived(ctx, status: int) -> int:
-    """``status``; recorded for the launcher by rank 0 of an elastic run (``comm.record_end``)."""
+def _leaving(ctx, status: int) -> int:
+    """The process's exit status: ``status``, recorded for the launcher by rank 0 of an
+    elastic run (``comm.record_end``), after the stop signals' and the exit guard's say."""
+    from ..cluster import preempt
     from ..core import comm as mcomm, membership
 
     if ctx.rank == 0 and membership.current() is not None:
         mcomm.record_end(status)
-    return status
+    return mcomm.leaving(preempt.leave(status))
 
 
 def _newcomer(ctx, merged) -> int:
     """A rank that a running job spawned: no checks, no run-directory work, no lock (the
     job's rank 0 holds it and writes); its Trainer comes from rank 0's plan and joins the
     job at the step where it grew, then trains to the end with the others."""
-    from ..cluster import preempt
     from ..core import comm as mcomm
     from .engine import Trainer
 
@@ -204,8 +204,8 @@ def _newcomer(ctx, merged) -> int:
     try:
         Trainer.newcomer(ctx, merged).fit()
     except Exception as err:  # as a launched rank's: statuses, one message from rank 0
-        return mcomm.leaving(preempt.leave(_survived(ctx, exit_status(err, ctx.rank))))
-    return mcomm.leaving(preempt.leave(_survived(ctx, 0)))
+        return _leaving(ctx, exit_status(err, ctx.rank))
+    return _leaving(ctx, 0)
 
 
 if __name__ == "__main__":

@@ -419,13 +419,7 @@ class Trainer:
                       f"{epoch}); going on with {self.ctx.size} rank(s) from step "
                       f"{self.global_step}, global batch {self.loader.global_batch}, lr {lr:.6g}"
                       + ("; rank 0's duties moved here" if change.leader_lost else ""), flush=True)
-            append_jsonl(self.metrics_path, {
-                "epoch": self.epoch + 1, "step": self.global_step, "membership": change.record(),
-                "position": self.position, "global_batch": self.loader.global_batch,
-                "lr": lr})
-            from ..cluster import discovery  # the launcher's discovery poll: grow back from here
-
-            discovery.answer(os.environ.get(preempt.NOTE_ENV), self.ctx.size)
+            self._record_membership(change, lr)
         self._first_after_loss = True
         if below:
             self._save()
@@ -490,6 +484,16 @@ class Trainer:
 
         atexit.register(lock.release)
 
+    def _record_membership(self, change, lr: float) -> None:
+        """Rank 0: the change in metrics.jsonl, with where the run goes on from; the launcher's
+        discovery poll learns the new size (to grow back from here)."""
+        from ..cluster import discovery
+
+        append_jsonl(self.metrics_path, {
+            "epoch": self.epoch + 1, "step": self.global_step, "membership": change.record(),
+            "position": self.position, "global_batch": self.loader.global_batch, "lr": lr})
+        discovery.answer(os.environ.get(preempt.NOTE_ENV), self.ctx.size)
+
     # -- growing in process (a discovery script offered more slots) ----------------------
     def _growth_asked(self, stop):
         """Collective, on an agreed stop of an elastic run: a growth that the launcher asked
@@ -547,8 +551,6 @@ class Trainer:
         """Collective over the grown job: its communicator everywhere, rank 0's models, the
         position re-sharded on the new size (as a resume at that size), the one line (the
         seconds from the spawn to the newcomers' arrival here: the old ranks' pause)."""
-        from ..cluster import discovery
-
         old_lr = self.lr
         change = self.membership.grow(merged, newcomer, started)
         mcomm.bind(self.ctx, self.ctx.device)  # CPU threads for the ranks now on this node
@@ -559,11 +561,7 @@ class Trainer:
             print(f"mpilearn: grew to {self.ctx.size} ranks at step {self.global_step} (epoch "
                   f"{self.epoch + 1}): spawned {how} in {change.seconds:.3g} s; global batch "
                   f"{self.loader.global_batch}, lr {old_lr or lr:.6g} -> {lr:.6g}", flush=True)
-            append_jsonl(self.metrics_path, {
-                "epoch": self.epoch + 1, "step": self.global_step, "membership": change.record(),
-                "position": self.position, "global_batch": self.loader.global_batch,
-                "lr": lr})
-            discovery.answer(os.environ.get(preempt.NOTE_ENV), self.ctx.size)
+            self._record_membership(change, lr)
 
     def _run_epoch(self) -> None:
         """The strategy's epoch from the current position; the position follows it."""
