@@ -86,6 +86,25 @@ def test_kill9_mid_epoch_survivors_finish_equal_to_replay(toy_file, tmp_path, re
     assert not os.path.exists(os.path.join(out, ".mpilearn.lock"))
 
 
+def test_a_rank_lost_in_an_epochs_first_step_does_not_end_the_epoch_before_twice(toy_file,
+                                                                                  tmp_path):
+    """Step 80 ends epoch 1 at np=3: the survivors go back to the state past its end (record,
+    validation and checkpoint done), not to step 80's in-epoch snapshot."""
+    out = str(tmp_path / "run")
+    proc = ulfm_run(3, args(toy_file, out, "--set", "train.elastic.min_ranks=2"),
+                    {"MPILEARN_TEST_KILL": "1:80"})
+    assert proc.returncode == 0, proc.stderr
+    assert "at step 81 (epoch 2); going on with 2 rank(s) from step 80, global batch 8" \
+        in proc.stdout, proc.stdout
+    assert [l for l in proc.stdout.splitlines() if l.startswith("epoch ")][:1] == \
+        [l for l in proc.stdout.splitlines() if l.startswith("epoch 1:")], proc.stdout
+    records = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
+    assert [r["epoch"] for r in records if "time" in r] == [1, 2]
+    model = final_model(out)
+    assert sorted(model["seen"].unique().tolist()) == [0.0, 2.0]
+    assert int((model["seen"] == 2).sum()) == 960
+
+
 def test_below_min_ranks_checkpoints_exits_75_and_resumes(toy_file, tmp_path, replay):
     out = str(tmp_path / "run")
     proc = ulfm_run(3, args(toy_file, out, "--set", "train.elastic.min_ranks=3"),

@@ -6,9 +6,10 @@ A snapshot is taken after every ``snapshot_every`` steps: deep copies of the tas
 optimizers (loss scaling and the GAN's step counters are in its state), the position, this
 rank's running sums, its random streams and the callbacks' state. The last two are kept: in a
 synchronous step some survivors may have applied the step in flight and others not, so the
-survivors agree on the smallest newest snapshot and every one of them holds it. Local SGD's
-snapshots are taken at its averages only (``LocalSGD.snapshot_every``), where every rank holds
-the same model; downpour and EASGD (asynchronous: no common step) are refused.
+survivors agree on the smallest newest snapshot and every one of them holds it. A step that
+ends an epoch has two: the state before the epoch's end and the one after it (:func:`order`).
+Local SGD's snapshots are taken at its averages only (``LocalSGD.snapshot_every``), where every
+rank holds the same model; downpour and EASGD (asynchronous: no common step) are refused.
 """
 from __future__ import annotations
 
@@ -113,6 +114,7 @@ class Snapshot:
     def __init__(self, trainer, reuse: "Optional[Snapshot]" = None):
         self.global_step = trainer.global_step
         self.epoch, self.step_in_epoch = trainer.epoch, trainer.step_in_epoch
+        self.order = order(self.global_step, self.step_in_epoch)
         self.position = trainer.position
         self.global_batch, self.ranks = trainer.loader.global_batch, trainer.ctx.size
         self.task = _copy_into(reuse.task if reuse is not None else None,
@@ -143,8 +145,16 @@ class Snapshot:
         return total
 
 
+def order(global_step: int, step_in_epoch: int) -> int:
+    """Where a state lies in the run, as one number the survivors can agree on: a step's
+    state inside its epoch, then (2 x step + 1) the same step past its epoch's end (record,
+    validation and checkpoint done; the next epoch at its first step). Recovery to the first
+    would run that epoch's end twice."""
+    return 2 * global_step + (step_in_epoch == 0)
+
+
 class Snapshots:
-    """The last two snapshots, one taken every ``every`` steps."""
+    """The last two snapshots, one taken every ``every`` steps and one at each epoch's end."""
 
     def __init__(self, every: int = 1):
         self.every = max(1, int(every))
@@ -152,20 +162,22 @@ class Snapshots:
 
     def maybe_take(self, trainer, force: bool = False) -> None:
         if force or trainer.global_step % self.every == 0:
-            if self.kept and self.kept[-1].global_step == trainer.global_step:
+            if self.kept and self.kept[-1].order == order(trainer.global_step,
+                                                          trainer.step_in_epoch):
                 return
             reuse = self.kept.pop(0) if len(self.kept) == 2 else None
             self.kept.append(Snapshot(trainer, reuse))
 
-    def newest_step(self) -> int:
-        return self.kept[-1].global_step
+    def newest(self) -> int:
+        """The newest snapshot's :func:`order`."""
+        return self.kept[-1].order
 
-    def at(self, global_step: int) -> Snapshot:
+    def at(self, where: int) -> Snapshot:
         for s in self.kept:
-            if s.global_step == global_step:
+            if s.order == where:
                 return s
-        raise RuntimeError(f"no snapshot of step {global_step} on this rank (kept: "
-                           f"{[s.global_step for s in self.kept]})")
+        raise RuntimeError(f"no snapshot at {where} (2 x step + past the epoch's end) on this "
+                           f"rank (kept: {[s.order for s in self.kept]})")
 
 
 @dataclass

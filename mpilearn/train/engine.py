@@ -402,14 +402,14 @@ class Trainer:
         rank 0's duties to the lowest survivor; below min_ranks, a checkpoint and exit 75."""
         from ..core import membership
 
-        step = self.membership.agree_min(self.snapshots.newest_step())
-        if step == membership.NO_SNAPSHOT:  # some survivor was still starting: all end, exit 75
+        where = self.membership.agree_min(self.snapshots.newest())
+        if where == membership.NO_SNAPSHOT:  # some survivor was still starting: all end, exit 75
             raise membership.before_training(change, "start-up (of other ranks)")
         if change.leader_lost and self.ctx.rank == 0:
             self._take_over_leader()
         # the step in flight (a snapshot may be older: local SGD's are at its averages)
         in_flight, epoch = self.global_step + 1, self.epoch + 1
-        self._restore_snapshot(self.snapshots.at(step))
+        self._restore_snapshot(self.snapshots.at(where))
         lr = self._set_lr()
         below = change.new_size < self.membership.min_ranks
         if self.ctx.rank == 0:  # the one line (below min_ranks, exit_status says the rest)
