@@ -362,3 +362,16 @@ def test_smooth_preset_has_no_six_cell_blocks():
     assert six_cell_steps("small") > 2 and six_cell_steps("smooth") < 1.5
     _, discriminator = gan3d.networks({"preset": "smooth"})
     assert len(discriminator.body) == len(gan3d.networks({"preset": "small"})[1].body)
+
+
+def test_the_smooth_presets_widths_are_hyperparameters_a_sweep_can_set():
+    def widths(hp):
+        generator, discriminator = gan3d.networks({"preset": "smooth", **hp})
+        convs = [m.out_channels for m in generator.body if isinstance(m, torch.nn.Conv3d)]
+        d_convs = [m.out_channels for m in discriminator.body if isinstance(m, torch.nn.Conv3d)]
+        return generator.channels, convs, d_convs[-1]
+
+    assert widths({}) == (4, [12, 8, 8], 8)
+    assert widths({"g_channels": [6, 16, 10], "d_channels": 12}) == (6, [16, 10, 10], 12)
+    with pytest.raises(ValueError, match="hparams.g_channels must be 3 positive widths"):
+        gan3d.networks({"preset": "smooth", "g_channels": [4, 12]})

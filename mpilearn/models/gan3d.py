@@ -6,10 +6,10 @@ Variants (``hparams.variant``):
   fixed  25x25x25, conditioned multiplicatively (E/100 · z, z in R^200); D has 3 outputs
          (real/fake, E/100, cell sum). G 872 808 / D 73 402 trainable.
 ``hparams.preset: small`` keeps the angle model's inputs, outputs, heads and losses but with
-few, narrow layers, for CPU tests and demos. ``preset: smooth`` (proposed, not yet trained:
-issue 49 part 3) does the same with a generator that grows the shower by x2 trilinear steps,
-each followed by a convolution, instead of the small preset's x6 nearest-neighbour copy, whose
-6-cell blocks show in every profile.
+few, narrow layers, for CPU tests and demos. ``preset: smooth`` (issue 49 part 3) does the same
+with a generator that grows the shower by x2 trilinear steps, each followed by a convolution,
+instead of the small preset's x6 nearest-neighbour copy, whose 6-cell blocks show in every
+profile; its widths are hyperparameters (``g_channels``, ``d_channels``) for a sweep.
 
 Faithful-port checklist (§1c): LeakyReLU 0.3, nearest up-sampling, BN momentum 0.01 (Keras
 0.99) and eps 1e-6, Keras "same" padding for even kernels (2 before / 3 after for 6), explicit
@@ -35,11 +35,13 @@ DEFAULTS = {
     "angle_key": "mtheta",     # conditioning angle: mtheta (measured) or theta
     "seed": 0,                 # noise and label-flip streams
     "dtype": "float32",        # float64 for exact equivalence tests
+    "g_channels": [4, 12, 8],  # smooth preset: G's seed, first and second convolution widths
+    "d_channels": 8,           # smooth preset: D's convolution widths
 }
 HPARAMS = {"variant": ["angle", "fixed"], "preset": ["full", "small", "smooth"], "lr": "[0, inf)",
            "label_flip": "[0, 1]", "dropout": "[0, 1)", "batch_norm": [True, False],
            "angle_key": ["mtheta", "theta"], "seed": "int [0, inf)",
-           "dtype": ["float32", "float64"]}
+           "dtype": ["float32", "float64"], "d_channels": "int [1, inf)"}
 POWER = 0.85
 
 
@@ -157,26 +159,30 @@ def small_angle_models(bn=True, dropout=0.2):
     g_body = [nn.Upsample(scale_factor=(6, 6, 5), mode="nearest"),          # 54x54x25
               *_conv_block(2, 2, (4, 4, 3), _pad(0, 0, 1), "relu", bn)]     # 51x51x25
     g = Generator(256, (9, 9, 5), 2, g_body, last_bias=True, last_kernel=1)
+    return g, small_discriminator(bn, dropout)
+
+
+def small_discriminator(bn=True, dropout=0.2, channels=8):
     d_body = [nn.AvgPool3d(2),                                                # 25x25x12
-              *_conv_block(1, 8, (3, 3, 3), _same((3, 3, 3)), "leaky", False, dropout),
+              *_conv_block(1, channels, (3, 3, 3), _same((3, 3, 3)), "leaky", False, dropout),
               nn.AvgPool3d(2),                                                # 12x12x6
-              *_conv_block(8, 8, (3, 3, 3), None, "leaky", bn, dropout)]      # 10x10x4
-    return g, Discriminator(d_body, 10 * 10 * 4 * 8, "angle")
+              *_conv_block(channels, channels, (3, 3, 3), None, "leaky", bn, dropout)]  # 10x10x4
+    return Discriminator(d_body, 10 * 10 * 4 * channels, "angle")
 
 
-def smooth_angle_models(bn=True, dropout=0.2):
-    """The small preset's inputs, outputs, heads, losses and discriminator; a generator with no
-    nearest-neighbour copy: two x2 trilinear up-samplings, each smoothed by a 3x3x3
-    convolution, then one valid convolution to the 51x51x25 grid (proposed for issue 49's
-    CPU preset, to be chosen by a sweep on FPD and AUC; not trained yet)."""
+def smooth_angle_models(bn=True, dropout=0.2, g_channels=(4, 12, 8), d_channels=8):
+    """The small preset's inputs, outputs, heads, losses and discriminator (``d_channels``
+    wide); a generator with no nearest-neighbour copy: two x2 trilinear up-samplings, each
+    smoothed by a 3x3x3 convolution, then one valid convolution to the 51x51x25 grid
+    (``g_channels``: the seed's, the first and the second convolution's widths)."""
+    seed, first, second = (int(c) for c in g_channels)
     g_body = [nn.Upsample(scale_factor=2, mode="trilinear", align_corners=False),  # 26x26x14
-              *_conv_block(4, 12, (3, 3, 3), _same((3, 3, 3)), "relu", bn),
+              *_conv_block(seed, first, (3, 3, 3), _same((3, 3, 3)), "relu", bn),
               nn.Upsample(scale_factor=2, mode="trilinear", align_corners=False),  # 52x52x28
-              *_conv_block(12, 8, (3, 3, 3), _same((3, 3, 3)), "relu", bn),
-              *_conv_block(8, 8, (2, 2, 4), None, "relu", bn)]                  # 51x51x25
-    g = Generator(256, (13, 13, 7), 4, g_body, last_bias=True, last_kernel=1)
-    _, d = small_angle_models(bn, dropout)
-    return g, d
+              *_conv_block(first, second, (3, 3, 3), _same((3, 3, 3)), "relu", bn),
+              *_conv_block(second, second, (2, 2, 4), None, "relu", bn)]        # 51x51x25
+    g = Generator(256, (13, 13, 7), seed, g_body, last_bias=True, last_kernel=1)
+    return g, small_discriminator(bn, dropout, int(d_channels))
 
 
 def fixed_models(bn=True, dropout=0.2):
@@ -195,8 +201,14 @@ def fixed_models(bn=True, dropout=0.2):
 
 
 def networks(hparams):
-    return build_networks({**DEFAULTS, **hparams}, fixed_models, angle_models, small_angle_models,
-                          smooth_angle_models)
+    hp = {**DEFAULTS, **hparams}
+
+    def smooth(bn, dropout):
+        if len(hp["g_channels"]) != 3 or min(int(c) for c in hp["g_channels"]) < 1:
+            raise ValueError(f"hparams.g_channels must be 3 positive widths, got {hp['g_channels']}")
+        return smooth_angle_models(bn, dropout, hp["g_channels"], hp["d_channels"])
+
+    return build_networks(hp, fixed_models, angle_models, small_angle_models, smooth)
 
 
 def build(hparams):
