@@ -43,6 +43,11 @@ def test_space_encoding_and_validation():
         assert back["lr"] == pytest.approx(p["lr"])
     assert trial_key({"a": 1, "b": 0.5}) == trial_key({"b": 0.5, "a": 1}) != trial_key({"a": 2, "b": 0.5})
     assert apply({"w": [3, 0.1], "lr": 1}, {"w.1": 0.5, "lr": 2}) == {"w": [3, 0.5], "lr": 2}
+    # a list the config leaves out starts from the model's default (a sweep of one width)
+    assert apply({"lr": 1}, {"w.1": 0.5}, {"w": [3, 0.1], "lr": 1}) == {"w": [3, 0.5], "lr": 1}
+    assert apply({}, {"w.2": 30.0}, {"w": None}) == {"w": {"2": 30.0}}  # overrides of a None
+    with pytest.raises(UsageError, match=r"search.space.w.5: hparams.w is \[3, 0.1\] here"):
+        Space.from_config({"w.5": {"type": "real", "low": 0, "high": 1}}, {"w": [3, 0.1]})
     for bad, msg in [({"x": {"type": "real", "low": 1, "high": 1}}, "empty or inverted range"),
                      ({"x": {"type": "real", "low": 2, "high": 1}}, "empty or inverted range"),
                      ({"x": {"type": "real", "low": 0, "high": 1, "log": True}}, "log range needs low > 0"),

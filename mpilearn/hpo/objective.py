@@ -19,7 +19,7 @@ import numpy as np
 
 from ..cluster import preempt
 from ..errors import TrainingStopped, UsageError
-from ..core.builders import load_builder
+from ..core.builders import default_hparams, load_builder
 from .space import apply
 
 
@@ -180,7 +180,7 @@ def _run_fold(config: dict, point: dict, fold: int, ctx, output: str, obj: dict,
             from ..train.engine import Trainer
 
             trial = dict(config)
-            trial["hparams"] = apply(config["hparams"], point)
+            trial["hparams"] = apply(config["hparams"], point, default_hparams(config["model"]))
             events = fold_events(n_events, search["folds"], fold, search["seed"],
                                  config["data"]["val_fraction"] or 0.2)
             deadline = session + search["trial_timeout"] if search["trial_timeout"] > 0 else None

@@ -72,10 +72,12 @@ def choose_trial(run_dir: str, trial: Optional[str] = None) -> tuple:
 def training_config(sweep: dict, params: dict, output: str) -> dict:
     """The sweep's training keys with the trial's point applied, a validation share held out
     (see the module doc), the sweep's test files."""
+    from ..core.builders import default_hparams
     from .space import apply
 
     config = {k: v for k, v in sweep.items() if k != "search"}
-    config["hparams"] = apply(sweep.get("hparams") or {}, params)
+    config["hparams"] = apply(sweep.get("hparams") or {}, params,
+                              default_hparams(sweep["model"]) if sweep.get("model") else None)
     test = (sweep.get("search") or {}).get("test_files") or []
     data = {**sweep.get("data", {}), "test_files": test}
     if not data.get("val_files") and not data.get("val_fraction"):

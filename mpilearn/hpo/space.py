@@ -109,6 +109,8 @@ class Space:
                 raise UsageError(f"{where}.{name}: the model has no hyperparameter '{top}'"
                                  f"{did_you_mean(top, known)}; its DEFAULTS are: "
                                  f"{', '.join(sorted(known))}")
+            if "." in name and defaults is not None:
+                _check_reach(f"{where}.{name}", defaults, name)
         return cls(params)
 
     def size(self) -> Optional[int]:
@@ -164,11 +166,28 @@ def _lookup(tree: dict, dotted: str):
     return node
 
 
-def apply(hparams: dict, point: Dict[str, Any]) -> dict:
-    """hparams with the point's values set (dotted names reach into dicts and lists)."""
+def _check_reach(key: str, tree: dict, dotted: str) -> None:
+    """A dotted name reaches into a mapping, an element of a list, or a value left None (the
+    trial then gives the model a mapping of overrides, ``{"2": 30.0}``, as the 3DGAN's
+    ``loss_weights`` takes): anything else would fail in every trial."""
+    parent, _, last = dotted.rpartition(".")
+    node = _lookup(tree, parent)
+    if node is None or isinstance(node, dict) or (
+            isinstance(node, (list, tuple)) and last.isdigit() and int(last) < len(node)):
+        return
+    raise UsageError(f"{key}: hparams.{parent} is {node!r} here (the config's or the model's "
+                     f"default), which has no element '{last}'")
+
+
+def apply(hparams: dict, point: Dict[str, Any], defaults: Optional[dict] = None) -> dict:
+    """hparams with the point's values set (dotted names reach into dicts and lists; one that
+    the hparams lack starts from the model's ``defaults``: ``g_channels.1`` changes one width
+    of the default list)."""
     out = json.loads(json.dumps(hparams))
     for dotted, value in point.items():
         parts = dotted.split(".")
+        if len(parts) > 1 and parts[0] not in out and (defaults or {}).get(parts[0]) is not None:
+            out[parts[0]] = json.loads(json.dumps(defaults[parts[0]]))
         node = out
         for part in parts[:-1]:
             if isinstance(node, list):
