@@ -13,7 +13,7 @@ import time
 import pytest
 import torch
 
-from conftest import ENV, REPO, mpirun, mpirun_cmd
+from conftest import ENV, REPO, mpirun, mpirun_cmd, wait_until_gone
 from mpilearn.train import checkpoint as ckpt
 # the slow MLP run and its uninterrupted result (the module fixture ``whole``)
 from test_resume import args, final_weights, whole  # noqa: F401
@@ -57,6 +57,19 @@ def test_signal_to_mpilearn_run_checkpoints_once_and_exits_75(toy_file, tmp_path
            sys.executable] + args(toy_file, out)
     rc, output = signal_during_training(cmd, out, lambda job: job.send_signal(sig))
     assert_stopped_and_resumes(toy_file, out, whole, rc, output, sig.name)
+
+
+def test_kill9_of_mpilearn_run_ends_its_job(toy_file, tmp_path):
+    """No handler sees a SIGKILL: mpirun, in its own process group, gets the parent-death
+    SIGTERM and ends the ranks (before, they trained on, orphaned)."""
+    out = str(tmp_path / "run")
+    cmd = [sys.executable, "-m", "mpilearn.run", "-np", "2", "--mpi-args=--oversubscribe",
+           sys.executable] + args(toy_file, out) + ["--set", "train.epochs=100"]
+    rc, _ = signal_during_training(cmd, out, lambda job: job.send_signal(signal.SIGKILL))
+    assert rc == -signal.SIGKILL
+    wait_until_gone(out, timeout=20)  # 100 epochs take minutes
+    with open(os.path.join(out, "metrics.jsonl")) as f:
+        assert sum('"time"' in line for line in f) < 100  # ended, not finished
 
 
 def test_sigterm_to_every_rank_under_mpirun_exits_75(toy_file, tmp_path, whole):

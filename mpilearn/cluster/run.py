@@ -340,6 +340,19 @@ READY_WAIT = 10.0  # seconds a stop signal waits for ranks not yet seen listenin
 ABORT_GRACE = float(os.environ.get("MPILEARN_ABORT_GRACE", "10"))
 
 
+def _ended_with_this_process() -> None:
+    """In the launcher's child, before it runs: a SIGTERM when mpilearn-run dies, a kill -9
+    included, which no handler sees (Linux's parent-death signal): mpirun and its ranks, in
+    their own process group, would otherwise train on with nobody to report to."""
+    import ctypes
+    import signal
+
+    try:
+        ctypes.CDLL(None).prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: as before
+        pass
+
+
 def launch(cmd: List[str], open_mpi: bool, ranks: int = 1, aborted: Optional[list] = None,
            growth: Optional[Growth] = None, relaunch_notes: Optional[list] = None) -> int:
     """Runs the launcher; SIGINT/SIGTERM/SIGHUP to this process (Ctrl-C, ``kill``) reach
@@ -385,7 +398,7 @@ def launch(cmd: List[str], open_mpi: bool, ranks: int = 1, aborted: Optional[lis
     oom_before = cause.oom_kills()
     try:
         child = subprocess.Popen(cmd, env=env, stdin=stdin, stderr=write_end,
-                                 start_new_session=True)
+                                 start_new_session=True, preexec_fn=_ended_with_this_process)
     finally:
         os.close(write_end)
     scanner = cause.Scanner(read_end)
