@@ -56,7 +56,8 @@ from common import RESULTS, write  # noqa: E402
 PRESETS = {  # events, validation events, epochs, per-rank batch, physics events
     "quick": dict(events=64, val=32, epochs=2, batch=4, physics=16, preset="small"),
     "cpu": dict(events=1024, val=512, epochs=6, batch=8, physics=256, preset="small"),
-    "full": dict(events=16384, val=4096, epochs=10, batch=32, physics=2000, preset="full"),
+    "full": dict(events=16384, val=4096, epochs=10, batch=32, physics=2000, preset="full",
+                 classifier_every=2),
     "smooth": dict(events=2048, val=512, epochs=10, batch=16, physics=256, preset="smooth",
                    classifier_every=2, rule="linear", naive=False),
 }

@@ -80,7 +80,7 @@ for stage in "$@"; do
       timeout 200 python3 bench/gpu_3dgan.py --no-memory-search --channels-last --compile default --steps 4 --warmup 3 \
         --configs full:fp32:128 --out "$OUT/full_compiled_fp32" >>"$OUT/compiled.log" 2>&1
       grep -E "^\{|^\| full|both sides" "$OUT/compiled.log" ;;
-    convergence)  # issue 35: time-to-quality at np 1/2/4 (resumable: run the stage again to continue)
+    convergence)  # issues 35, 49: time-to-quality at np 1/2/4 on the score, FPD and AUC (resumable: run the stage again to continue)
       timeout ${CONVERGENCE_S:-560} python3 bench/convergence.py --device cuda --preset full \
         --out "$OUT/convergence" >"$OUT/convergence.log" 2>&1; tail -14 "$OUT/convergence.log" ;;
     challenge)  # issue 49: the voxel (low-level) classifier AUC on every compared event, MC vs MC and a
