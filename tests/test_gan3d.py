@@ -371,7 +371,7 @@ def test_the_smooth_presets_widths_are_hyperparameters_a_sweep_can_set():
         d_convs = [m.out_channels for m in discriminator.body if isinstance(m, torch.nn.Conv3d)]
         return generator.channels, convs, d_convs[-1]
 
-    assert widths({}) == (4, [12, 8, 8], 8)
+    assert widths({}) == (4, [15, 7, 7], 8)
     assert widths({"g_channels": [6, 16, 10], "d_channels": 12}) == (6, [16, 10, 10], 12)
     with pytest.raises(ValueError, match="hparams.g_channels must be 3 positive widths"):
         gan3d.networks({"preset": "smooth", "g_channels": [4, 12]})
