@@ -254,7 +254,7 @@ def plot(curves: dict, thresholds: dict, out: str) -> list:
             ax.axhline(floor, color="k", lw=0.8, ls="-.", label=f"MC-vs-MC floor ({floor:g})")
             ax.set(xlabel=xlabel, ylabel=LABELS[key], yscale="linear" if key == "auc_high"
                    else "log", title=f"3DGAN {LABELS[key].split(' (')[0]} against {suffix}")
-            ax.legend(fontsize=9, loc="upper right")
+            ax.legend(fontsize=9, loc="best")  # off the curves
         fig.tight_layout()
         path = f"{out}_{suffix}.png"
         fig.savefig(path, dpi=80)
@@ -301,6 +301,24 @@ def markdown(s: dict, args, p: dict) -> list:
                   f"spread or 10 % of the mean); np=4 ({args.rule}) within it: "
                   f"{s['np4_within_np1_spread']}; time-to-quality np=2 / np=1 (mean "
                   f"{s['np1_time_to_quality']:.1f} s): {f(s['ttq_ratio_np2_over_np1'])}"]
+    return lines
+
+
+def partial_markdown(curves: dict, cpu: dict, collapsed: dict) -> list:
+    """Per epoch of each run so far: what the table will summarise."""
+    def f(v, fmt=".3g"):
+        return "-" if v is None else format(v, fmt)
+
+    lines = []
+    for name, c in curves.items():
+        lines += [f"{name} ({f(cpu.get(name, 0) / 60, '.1f')} CPU-minutes in all):", "",
+                  "| epoch | events seen | train s | score ratio | FPD (ratio) | AUC high | "
+                  "sampling_fraction_mre |", "|---|---|---|---|---|---|---|"]
+        lines += [f"| {pt['epoch']} | {pt['events_seen']} | {pt['seconds']:.0f} | "
+                  f"{f(pt['score_ratio'])} | {f(pt['fpd'])} ({f(pt['fpd_ratio'])}) | "
+                  f"{f(pt['auc_high'])} | {f(pt['sampling_fraction_mre'])} |" for pt in c]
+        lines.append("")
+    lines += [f"{name}: {message}" for name, message in collapsed.items()]
     return lines
 
 
@@ -353,10 +371,14 @@ def main():
     args.rule = best_rule(curves, rules) if len(rules) > 1 else rules[0]
     print(f"the best rule at np=4: {args.rule}", flush=True)
     run(f"np2-{args.rule}", 2, 0, args.rule, args.warmup)
-    if args.only:  # some runs only (the session's share of a long bench): no table yet
-        return
     cpu = {name: float(open(os.path.join(out, "runs", name, CPU_FILE)).read())
            for name in curves if os.path.exists(os.path.join(out, "runs", name, CPU_FILE))}
+    if args.only:  # some runs only (a session's share of a long bench): their curves, no table
+        write(f"{out}_partial", {"config": {**p, **vars(args)}, "curves": curves, "cpu": cpu,
+                                 "collapsed": collapsed,
+                                 "plots": plot(curves, {}, f"{out}_partial")},
+              partial_markdown(curves, cpu, collapsed))
+        return
     s = summarise(curves, collapsed, args.rule, cpu)
     plots = plot(curves, {**s["thresholds"], "score_ratio": s["threshold"]}, out)
     write(out, {"config": {**p, **vars(args)}, "curves": curves, "summary": s, "plots": plots},
