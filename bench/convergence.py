@@ -195,13 +195,13 @@ def summarise(curves: dict, collapsed: dict, rule: str, cpu: dict = None) -> dic
     import numpy as np
 
     finals = [c[-1]["score_ratio"] for name, c in curves.items() if name.startswith("np1-")]
-    threshold = max(finals)
     mean, spread = float(np.mean(finals)), (min(finals), max(finals))
     band = max(spread[1] - mean, mean - spread[0], 0.1 * mean)
-    # the other metrics' thresholds as the score's: the worst final np=1 value
+    # each metric's threshold: its worst final np=1 value
     thresholds = {key: max((v for v in (final(c, key) for n, c in curves.items()
                                         if n.startswith("np1-")) if v is not None), default=None)
                   for key in METRICS}
+    threshold = thresholds["score_ratio"]
     rows = {}
     for name, c in curves.items():
         rows[name] = {"final_score_ratio": c[-1]["score_ratio"],
@@ -263,9 +263,17 @@ def plot(curves: dict, thresholds: dict, out: str) -> list:
     return paths
 
 
+def fmt(v, spec=".3g", none="n/a") -> str:
+    return none if v is None else format(v, spec)
+
+
+def reached(seconds) -> str:
+    """A time to a threshold, or that the run never got there."""
+    return "not reached" if seconds is None else format(seconds, ".1f")
+
+
 def markdown(s: dict, args, p: dict) -> list:
-    def f(v, fmt=".3g"):
-        return "n/a" if v is None else format(v, fmt)
+    f = fmt
 
     lines = [f"Convergence at equal events seen ({p['events']} training events × {p['epochs']} "
              f"epochs, batch {p['batch']} per rank, preset {p['preset']}, {args.device}; "
@@ -281,7 +289,7 @@ def markdown(s: dict, args, p: dict) -> list:
                      f"{'yes' if r['within_np1_spread'] else 'no'} | "
                      f"{f(r['final_sampling_fraction_mre'])} "
                      f"| {f(r['final_reference_metric_filled'])} | {r['seconds']:.1f} | "
-                     f"{f(ttq, '.1f') if ttq is not None else 'not reached'} |")
+                     f"{reached(ttq)} |")
     for name, message in s["collapsed"].items():
         lines.append(f"| {name} | {message} | | | | | |")
     t = s["thresholds"]
@@ -293,8 +301,7 @@ def markdown(s: dict, args, p: dict) -> list:
         for name, r in s["rows"].items():
             cpu = r.get("cpu_seconds")
             lines.append(f"| {name} | {f(r['final_fpd_ratio'])} | {f(r['final_auc_high'])} | "
-                         f"{f(r['time_to_fpd_ratio'], '.1f') if r['time_to_fpd_ratio'] is not None else 'not reached'} | "
-                         f"{f(r['time_to_auc_high'], '.1f') if r['time_to_auc_high'] is not None else 'not reached'} | "
+                         f"{reached(r['time_to_fpd_ratio'])} | {reached(r['time_to_auc_high'])} | "
                          f"{f(cpu / 60 if cpu else None, '.1f')} |")
     lines += ["", f"np=1 final score ratio: mean {s['np1_mean']:.3f}, range "
                   f"{s['np1_spread'][0]:.3f}-{s['np1_spread'][1]:.3f} (band ±{s['band']:.3f}: the "
@@ -306,8 +313,8 @@ def markdown(s: dict, args, p: dict) -> list:
 
 def partial_markdown(curves: dict, cpu: dict, collapsed: dict) -> list:
     """Per epoch of each run so far: what the table will summarise."""
-    def f(v, fmt=".3g"):
-        return "-" if v is None else format(v, fmt)
+    def f(v, spec=".3g"):
+        return fmt(v, spec, none="-")
 
     lines = []
     for name, c in curves.items():
@@ -380,7 +387,7 @@ def main():
               partial_markdown(curves, cpu, collapsed))
         return
     s = summarise(curves, collapsed, args.rule, cpu)
-    plots = plot(curves, {**s["thresholds"], "score_ratio": s["threshold"]}, out)
+    plots = plot(curves, s["thresholds"], out)
     write(out, {"config": {**p, **vars(args)}, "curves": curves, "summary": s, "plots": plots},
           markdown(s, args, p))
 
