@@ -80,3 +80,24 @@ def test_a_stale_holder_elsewhere_is_taken_over_and_force_unlock_names_a_live_on
     assert len(notes) == 1 and "--force-unlock: removed the lock" in notes[0], notes
     assert "node-elsewhere" in notes[0]
     forced.release()
+
+
+def test_a_holder_left_a_zombie_is_gone_and_its_lock_taken_over(tmp_path):
+    """A rank that its launcher killed stays a zombie until PID 1 reaps it (MPICH's Hydra after
+    an MPI_Abort; seconds in a container): its lock must not refuse the relaunch."""
+    from mpilearn.core.runlock import RunLock
+
+    path = str(tmp_path / ".mpilearn.lock")
+    zombie = subprocess.Popen(["true"])  # ended, not waited for: a zombie
+    while open(f"/proc/{zombie.pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z":
+        time.sleep(0.01)
+    try:
+        with open(path, "w") as f:
+            json.dump({"host": socket.gethostname(), "pid": zombie.pid, "slurm_job": "",
+                       "slurm_cluster": "", "mpijob": "", "started": "now", "token": "x"}, f)
+        lock = RunLock(path, str(tmp_path))
+        notes = lock.acquire()
+        assert len(notes) == 1 and f"its process {zombie.pid} on" in notes[0], notes
+        lock.release()
+    finally:
+        zombie.wait()

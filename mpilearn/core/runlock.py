@@ -81,13 +81,23 @@ def _read(path: str):
 
 
 def _pid_alive(pid) -> bool:
+    """A zombie is not alive: a rank killed by its launcher (MPICH's Hydra, after an MPI_Abort)
+    stays one until PID 1 reaps it, seconds later in a container, and its lock would refuse
+    the relaunch as a second writer."""
     try:
         os.kill(int(pid), 0)
     except ProcessLookupError:
         return False
     except (PermissionError, ValueError, TypeError):
         return True
-    return True
+    try:
+        with open(f"/proc/{int(pid)}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:  # gone meanwhile
+        return False
+    except (OSError, IndexError):  # no /proc (not Linux): as kill said
+        return True
+    return state != "Z"
 
 
 def why_gone(holder: dict, age: float, me: dict) -> Optional[str]:
