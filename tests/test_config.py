@@ -78,3 +78,15 @@ def test_search_elastic_is_checked_and_refuses_what_cannot_survive(monkeypatch):
     assert config["search"]["elastic"] is True and config["train"]["elastic"]["min_ranks"] == 0
     monkeypatch.setenv("MPILEARN_ELASTIC_MODE", "relaunch")
     assert resolve(None, ["model=m"], schema=hpo_schema())["search"]["elastic"] is False
+
+
+def test_every_config_key_has_one_description():
+    """One source for --help, the unknown-key check and the docs' reference: every key of the
+    schema (training and search) has its meaning in DESCRIPTIONS, and nothing there is stale."""
+    from mpilearn.core.config import DESCRIPTIONS, documented_keys
+
+    keys = {key for key, _ in documented_keys()}
+    assert not keys - set(DESCRIPTIONS), (
+        f"add these keys' meaning to DESCRIPTIONS in mpilearn/core/config.py: "
+        f"{sorted(keys - set(DESCRIPTIONS))}")
+    assert not set(DESCRIPTIONS) - keys, f"stale descriptions: {sorted(set(DESCRIPTIONS) - keys)}"

@@ -15,71 +15,73 @@ import yaml
 
 from ..errors import UsageError
 
-# key -> default. ``None`` marks a key that takes a string or nothing.
+# key -> default (its type is the type the key accepts); each key's meaning is in
+# DESCRIPTIONS below, which --help and the docs' reference read (a test checks that
+# every key has one)
 SCHEMA: Dict[str, Any] = {
-    "model": "",            # model file (path/to/file.py) or module, optionally ':builder'
-    "hparams": {},          # free-form, passed to the builder
+    "model": "",
+    "hparams": {},
     "data": {
-        "files": [],        # HDF5 files or glob patterns with the training events
-        "val_files": [],    # validation files; if empty, val_fraction of the events is held out
-        "test_files": [],   # held-out files scored once after the last epoch (test.json)
+        "files": [],
+        "val_files": [],
+        "test_files": [],
         "val_fraction": 0.1,
         "shuffle": True,
-        "prefetch": 4,      # batches read ahead by the background thread
-        "on_error": "stop",  # stop | skip: events whose read fails (a corrupt chunk)
+        "prefetch": 4,
+        "on_error": "stop",
     },
     "train": {
         "epochs": 1,
-        "batch_size": 32,   # per rank; global batch = batch_size x ranks
-        "max_steps_per_epoch": 0,   # 0 = all events; also caps validation batches per rank
-        "backend": "mpi",   # mpi | torch | horovod
-        "algorithm": "allreduce",   # allreduce | local_sgd | downpour | easgd (rank 0: master)
-        "sync_every": 1,            # local_sgd: steps between averages; downpour/easgd: exchanges
-        "elastic_force": 0.5,       # easgd: alpha, the centre's pull
-        "max_staleness": 0,         # downpour: drop older gradients; 0 = 2 x workers
-        "fusion_mb": 25.0,  # tensor-fusion bucket size
+        "batch_size": 32,
+        "max_steps_per_epoch": 0,
+        "backend": "mpi",
+        "algorithm": "allreduce",
+        "sync_every": 1,
+        "elastic_force": 0.5,
+        "max_staleness": 0,
+        "fusion_mb": 25.0,
         "seed": 0,
         "deterministic": False,
-        "precision": "fp32",          # fp32 | bf16 (autocast: bf16 matmuls/convs, fp32 weights)
-        "compile": "off",             # off | default | reduce-overhead | max-autotune | ... (torch.compile)
-        "channels_last": "auto",      # auto (on CUDA) | true | false: 3-D convs channels-last
-        "lr_scaling": "none",        # none | linear | sqrt: lr x (global batch / base_batch)[^1/2]
-        "base_batch": 0,             # global batch the lrs were tuned for; 0 = batch_size (per rank)
-        "warmup_epochs": 0.0,        # linear warm-up to the scaled lr
+        "precision": "fp32",
+        "compile": "off",
+        "channels_last": "auto",
+        "lr_scaling": "none",
+        "base_batch": 0,
+        "warmup_epochs": 0.0,
         "early_stopping": {
             "monitor": "val_loss",
-            "patience": 0,           # epochs without improvement; 0 = off
+            "patience": 0,
             "min_delta": 0.0,
-            "mode": "",              # min | max; inferred for the project's own metrics
+            "mode": "",
         },
-        "best": {                    # checkpoints/best.pt and models/best/ (mpilearn.train.best)
-            "monitor": "auto",       # auto (physics: sampling_fraction_mre, else val_loss) | none | a metric
-            "mode": "",              # min | max; inferred for the project's own metrics
+        "best": {
+            "monitor": "auto",
+            "mode": "",
         },
-        "checkpoint_every_steps": 0,  # 0 = at the end of every epoch only
+        "checkpoint_every_steps": 0,
         "keep_checkpoints": 3,
-        "validate_every": 0,          # physics validation every N epochs (GAN tasks); 0 = off
-        "physics_events": 512,        # validation events used for the physics score
-        "classifier_every": 0,        # the high-level classifier AUC every N validations; 0 = off
-        "log": ["jsonl"],             # + tensorboard | csv | mlflow (mpilearn.train.loggers)
-        "log_every_steps": 0,         # tensorboard: training losses every N steps; 0 = off
-        "elastic": {                  # a run that changes size (README "Elastic training")
-            "min_ranks": 0,           # below this: checkpoint and exit 75; 0 = not elastic
-            "max_ranks": 0,           # grow back up to this many; 0 = the starting size
-            "batch": "rank",          # rank: per-rank batch stays, lr_scaling re-applied | global
-            "snapshot_every": 1,      # steps between in-memory snapshots (ULFM; redone at a loss)
+        "validate_every": 0,
+        "physics_events": 512,
+        "classifier_every": 0,
+        "log": ["jsonl"],
+        "log_every_steps": 0,
+        "elastic": {
+            "min_ranks": 0,
+            "max_ranks": 0,
+            "batch": "rank",
+            "snapshot_every": 1,
         },
-        "watchdog": {                 # a rank without a step for max(floor_s, factor x its
-            "enabled": True,          # median step) ends the job, its stack in the run
-            "floor_s": 60.0,          # directory (mpilearn.core.watchdog)
+        "watchdog": {
+            "enabled": True,
+            "floor_s": 60.0,
             "factor": 10.0,
         },
     },
     "device": {
-        "type": "auto",               # auto | cpu | cuda
-        "allow_shared_gpus": False,   # allow more ranks per node than GPUs
+        "type": "auto",
+        "allow_shared_gpus": False,
     },
-    "output": "",                     # run directory; default runs/<model>-<time>
+    "output": "",
 }
 
 CHOICES = {
@@ -109,26 +111,137 @@ FREE_FORM = {"hparams", "search.space", "search.objective", "search.options",
 
 # an HPO sweep's config: the training config plus a 'search' section
 SEARCH = {
-    "searcher": "gp",          # gp | evolution | random
-    "budget": 10,              # trials in the sweep (finished + failed)
-    "blocks": 1,               # trials trained at once
-    "folds": 2,                # k of k-fold cross-validation (1 = plain validation split)
+    "searcher": "gp",
+    "budget": 10,
+    "blocks": 1,
+    "folds": 2,
     "ranks_per_fold": 1,
-    "fold_mode": "parallel",   # parallel | sequential
+    "fold_mode": "parallel",
     "seed": 0,
-    "space": {},               # parameters, see mpilearn.hpo.space
-    "objective": {},           # {metric: NAME or [NAMES], mode: final|best,
-                               #  direction: minimize|maximize or one per metric}
-                               # or {function: mod:func, direction: ...}
-    "options": {},             # searcher options (acq_func, n_initial, population, ...)
-    "trial_timeout": 0.0,      # seconds; 0 = none
-    "pruner": "none",          # none | median | asha | hyperband (mpilearn.hpo.pruners)
-    "pruner_options": {},      # e.g. {n_startup_trials: 5, n_warmup_steps: 0} for median
-    "enqueue": [],             # points to try first: [{lr: 0.001, hidden: 32}, ...]
-    "warm_start": [],          # other sweeps' run directories: their results teach the searcher
-    "test_files": [],          # held-out files: never read by the search
-    "elastic": False,          # ULFM (mpirun --with-ft ulfm): a lost rank ends only its block's
-                               # trial, never the sweep (mpilearn-run --min-np turns it on too)
+    "space": {},
+    "objective": {},
+    "options": {},
+    "trial_timeout": 0.0,
+    "pruner": "none",
+    "pruner_options": {},
+    "enqueue": [],
+    "warm_start": [],
+    "test_files": [],
+    "elastic": False,
+}
+
+# dotted key -> its meaning: the one source of `python -m mpilearn.train --help`'s key list, of
+# `python -m mpilearn.optimize --help`'s search keys and of the docs' config reference (a key's
+# choices and default are added from CHOICES and the schema). A key added to SCHEMA or SEARCH
+# needs a line here (tests/test_config.py).
+DESCRIPTIONS: Dict[str, str] = {
+    "model": "model file `path/to/file.py` or module, optionally `:builder` (default builder "
+             "`build`); required",
+    "hparams": "free-form mapping passed to the builder (a model file's `DEFAULTS` fill the rest)",
+    "data.files": "HDF5 files or glob patterns with the training events",
+    "data.val_files": "validation files; if empty, `data.val_fraction` of the events is held "
+                      "out (a fixed, seeded split)",
+    "data.test_files": "held-out files (never in `data.files`), scored once after the last "
+                       "epoch: `test_*` in `RUN/test.json` and a `{\"test\": ...}` line in "
+                       "`metrics.jsonl`",
+    "data.val_fraction": "share of the events held out for validation when there are no "
+                         "`data.val_files`",
+    "data.shuffle": "per-epoch seeded shuffling of the events",
+    "data.prefetch": "batches read ahead by a background thread",
+    "data.on_error": "a read that fails mid-run (a corrupt chunk): `stop` ends the job at that "
+                     "step on every rank with one message naming the file, dataset, events and "
+                     "ranks (exit 3, resumable); `skip` drops those events, warns once and "
+                     "trains on",
+    "train.epochs": "epochs to train (a resumed run trains up to this many in all)",
+    "train.batch_size": "batch size per rank: the global batch is batch_size x ranks",
+    "train.max_steps_per_epoch": "cap on an epoch's steps and on the validation batches per "
+                                 "rank; 0 = all events",
+    "train.backend": "gradient transport: mpi (mpi4py), torch (torch.distributed: gloo on CPU, "
+                     "NCCL on GPU), horovod",
+    "train.algorithm": "how the ranks combine updates: allreduce, local_sgd, or master/worker "
+                       "downpour / easgd (rank 0 is the master)",
+    "train.sync_every": "local_sgd: steps between averages; downpour/easgd: steps between "
+                        "exchanges with the master",
+    "train.elastic_force": "easgd: alpha, the centre's pull, in (0, 1]",
+    "train.max_staleness": "downpour: gradients older than this many centre updates are "
+                           "dropped; 0 = 2 x workers",
+    "train.fusion_mb": "tensor-fusion bucket size in MB",
+    "train.seed": "seed of the data order, initialisation and per-event randomness",
+    "train.deterministic": "deterministic kernels (also turns cuDNN autotuning off)",
+    "train.precision": "bf16: forward passes under torch.autocast (weights, gradients and "
+                       "allreduce stay fp32); PyTorch models only",
+    "train.compile": "a torch.compile mode, each model compiled in place (module.compile); the "
+                     "allreduce hooks stay outside the graphs and checkpoints keep plain keys; "
+                     "PyTorch models only",
+    "train.channels_last": "3-D (2-D) convolution weights channels-last; auto = on CUDA only",
+    "train.lr_scaling": "every optimizer's lr x (global batch / train.base_batch) (linear) or "
+                        "its square root (sqrt); a function of the global step, so --resume "
+                        "continues it exactly",
+    "train.base_batch": "the global batch the lrs were tuned for; 0 = train.batch_size (so "
+                        "linear is lr x ranks)",
+    "train.warmup_epochs": "epochs over which the lr ramps step by step to the scaled lr",
+    "train.early_stopping.monitor": "metric early stopping watches",
+    "train.early_stopping.patience": "epochs without an improvement of more than min_delta "
+                                     "before stopping; 0 = off",
+    "train.early_stopping.min_delta": "the smallest change that counts as an improvement",
+    "train.early_stopping.mode": "min or max: which way the monitor improves; inferred for "
+                                 "the project's own metrics",
+    "train.best.monitor": "the best epoch's checkpoint (checkpoints/best.pt) and models "
+                          "(models/best/): auto = sampling_fraction_mre where physics "
+                          "validation runs, else val_loss where the run validates; none = off; "
+                          "or a metric",
+    "train.best.mode": "min or max: which way the monitor improves; inferred for the "
+                       "project's own metrics",
+    "train.checkpoint_every_steps": "steps between mid-epoch checkpoints; 0 = at epoch ends "
+                                    "only",
+    "train.keep_checkpoints": "checkpoints kept (best.pt is never pruned)",
+    "train.validate_every": "physics validation of GAN tasks every N epochs; 0 = off",
+    "train.physics_events": "validation events used for the physics score",
+    "train.classifier_every": "the high-level classifier AUC every N physics validations; "
+                              "0 = off",
+    "train.log": "metric sinks: jsonl (always), tensorboard (RUN/tensorboard/), csv "
+                 "(RUN/metrics.csv), mlflow (when installed)",
+    "train.log_every_steps": "tensorboard: the training losses every N steps; 0 = off",
+    "train.elastic.min_ranks": "an elastic run: below this many ranks, checkpoint and exit 75; "
+                               "0 = not elastic",
+    "train.elastic.max_ranks": "an elastic run grows back up to this many ranks; 0 = the "
+                               "starting size",
+    "train.elastic.batch": "at another rank count keep the per-rank batch (rank: lr_scaling "
+                           "applied again) or the global batch (global)",
+    "train.elastic.snapshot_every": "steps between in-memory snapshots (ULFM: a lost rank "
+                                    "redoes the steps since; local_sgd: at its averages)",
+    "train.watchdog.enabled": "a rank that finishes no step for max(floor_s, factor x its "
+                              "median step) ends the job with exit 124, every thread's stack "
+                              "in RUN/watchdog-rankR.txt",
+    "train.watchdog.floor_s": "the watchdog's shortest patience, in seconds",
+    "train.watchdog.factor": "the watchdog's patience in median steps",
+    "device.type": "where each rank computes; auto = one GPU per node-local rank where there "
+                   "are GPUs, else the CPU",
+    "device.allow_shared_gpus": "allow more ranks per node than GPUs",
+    "output": "run directory; default runs/<model>-<time> (--output overrides it)",
+    "search.searcher": "gp (scikit-optimize's GP, batches by kriging believer), evolution (DEAP: "
+                       "steady state, NSGA-II with several objectives), random",
+    "search.budget": "trials in the sweep (done + pruned + failed)",
+    "search.blocks": "trials trained at once",
+    "search.folds": "k of k-fold cross-validation at event level (1 = a plain validation split)",
+    "search.ranks_per_fold": "ranks that train one fold",
+    "search.fold_mode": "a trial's folds side by side (parallel: np = 1 + blocks x folds x "
+                        "ranks_per_fold) or one after another (sequential)",
+    "search.seed": "seed of the searcher and of the folds' split",
+    "search.space": "name: {type: real|int|categorical, low, high, log, choices, default}; "
+                    "dotted names reach into hparams",
+    "search.objective": "{metric: NAME or [NAMES], mode: final|best, direction: "
+                        "minimize|maximize or one per metric}, or {function: module:func}",
+    "search.options": "searcher options (gp: acq_func, n_initial, xi, kappa, ...; evolution: "
+                      "population, tournament, crossover, ...)",
+    "search.trial_timeout": "seconds a trial may train; 0 = no limit",
+    "search.pruner": "stop unpromising trials early (Optuna's rules and defaults)",
+    "search.pruner_options": "the pruner's options, e.g. {n_startup_trials: 5} for median",
+    "search.enqueue": "points to try first, before the searcher's own: [{lr: 0.001, hidden: 32}]",
+    "search.warm_start": "other sweeps' run directories: their results teach the searcher",
+    "search.test_files": "held-out files, never read by the search; the refit scores them",
+    "search.elastic": "ULFM (mpirun --with-ft ulfm): a lost rank ends only its block's trial, "
+                      "never the sweep (mpilearn-run --min-np turns it on too)",
 }
 
 
@@ -138,6 +251,47 @@ def _flat_keys(schema: dict, prefix: str = "") -> Iterable[str]:
         yield full
         if isinstance(value, dict) and full not in FREE_FORM:
             yield from _flat_keys(value, full + ".")
+
+
+def documented_keys(schema: Optional[dict] = None, prefix: str = "") -> Iterable[tuple]:
+    """(dotted key, default) of every key a user sets: the schema's leaves, a free-form
+    mapping (``hparams``, ``search.space``) as one key."""
+    for key, value in (schema if schema is not None else hpo_schema()).items():
+        full = prefix + key
+        if isinstance(value, dict) and value and full not in FREE_FORM:
+            yield from documented_keys(value, full + ".")
+        else:
+            yield full, value
+
+
+def show_default(value) -> str:
+    """A default as YAML writes it (``''`` for an empty string)."""
+    if isinstance(value, str) and not value:
+        return "''"
+    return yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("\n...").strip()
+
+
+def meaning(key: str) -> str:
+    """The key's description with its choices."""
+    text = DESCRIPTIONS[key]
+    if key in CHOICES:
+        text += " (one of: " + ", ".join(c or "''" for c in CHOICES[key]) + ")"
+    return text
+
+
+def help_keys(schema: Optional[dict] = None, width: int = 100) -> str:
+    """The key list of a command's --help: one key a line, its default, its meaning."""
+    import textwrap
+
+    lines = []
+    for key, default in documented_keys(schema if schema is not None else SCHEMA):
+        head = f"  {key:<32} {show_default(default):<10} "
+        if len(head) > 46:
+            head = f"  {key} = {show_default(default)} "
+        wrapped = textwrap.wrap(meaning(key).replace("`", ""), width - 46) or [""]
+        lines.append(f"{head:<46}{wrapped[0]}")
+        lines += [" " * 46 + more for more in wrapped[1:]]
+    return "\n".join(lines)
 
 
 def _type_name(value) -> str:

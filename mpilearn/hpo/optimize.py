@@ -337,8 +337,13 @@ def main(argv=None) -> int:
 
         argv.remove("--refit")
         return refit(argv)
+    from ..core.config import SEARCH, help_keys
+
     p = RankZeroArgumentParser(prog="python -m mpilearn.optimize", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="search keys (the training keys: python -m mpilearn.train "
+                                       "--help), default, meaning:\n"
+                                       + help_keys({"search": SEARCH}))
     p.add_argument("--config", required=True, help="sweep config (YAML): training keys + 'search'")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--output", help="run directory (overrides 'output')")

@@ -12,45 +12,12 @@ import sys
 
 from ..errors import UsageError, exit_status
 from ..cluster.launcher import RankZeroArgumentParser
+from ..core.config import help_keys
 
+# the key list comes from the config's one schema (core/config.DESCRIPTIONS), as the docs' does
 EPILOG = """\
-config keys (YAML; --set uses dotted names):
-  model                      model file (path.py or module, optional ':builder'); required
-  hparams.*                  passed to the builder (free-form)
-  data.files                 HDF5 files or globs with the training events
-  data.val_files             validation files (else data.val_fraction of the events)
-  data.val_fraction          0.1    data.shuffle   true    data.prefetch  4
-  data.test_files            scored once after the last epoch (test.json)
-  data.on_error              stop | skip (unreadable events: end the job, or drop them)
-  train.epochs               1      train.batch_size (per rank)  32
-  train.max_steps_per_epoch  0 (all; caps validation batches per rank too)
-  train.backend              mpi | torch | horovod
-  train.algorithm            allreduce | local_sgd | downpour | easgd (rank 0 = master)
-  train.sync_every           1      train.elastic_force  0.5   train.max_staleness  0 (2 x workers)
-  train.fusion_mb            25     tensor-fusion bucket size
-  train.seed                 0      train.deterministic  false
-  train.precision            fp32 | bf16 (autocast; PyTorch models)
-  train.compile              off | default | reduce-overhead | max-autotune[-no-cudagraphs]
-  train.channels_last        auto (on for CUDA) | true | false
-  train.lr_scaling           none | linear | sqrt: lr x (global batch / train.base_batch)[^1/2]
-  train.base_batch           0 (= batch_size: linear is lr x ranks)   train.warmup_epochs  0
-  train.early_stopping.{monitor,patience,min_delta,mode}   val_loss, 0 (off), 0, inferred
-  train.best.{monitor,mode}  auto (physics: sampling_fraction_mre, else val_loss) | none | a
-                             metric; mode min | max, inferred for the project's own metrics
-  train.checkpoint_every_steps  0 (epoch ends only)  train.keep_checkpoints  3
-  train.validate_every       0 (off)  physics score every N epochs (GAN tasks)
-  train.physics_events       512    validation events used for the physics score
-  train.classifier_every     0 (off)  the high-level classifier AUC every N validations
-  train.log                  [jsonl] + tensorboard | csv | mlflow   train.log_every_steps  0
-  train.elastic.{min_ranks,max_ranks,batch}  0 (not elastic), 0 (= start size), rank | global:
-                             at another rank count keep the per-rank batch (lr_scaling again)
-                             or the global batch (README "Elastic training")
-  train.elastic.snapshot_every  1  steps between in-memory snapshots (a lost rank redoes them;
-                             local_sgd: at its averages, lcm with sync_every)
-  train.watchdog.{enabled,floor_s,factor}  true, 60, 10: a rank without a step for
-                             max(floor_s, factor x its median step) ends the job (exit 124)
-  device.type                auto | cpu | cuda    device.allow_shared_gpus  false
-  output                     run directory (default runs/<model>-<time>)
+config keys (YAML; --set uses dotted names), default, meaning:
+""" + help_keys() + """
 
 outputs in the run directory: config.yaml, metrics.jsonl (one line per epoch),
 launches.jsonl (each launch's wall time per rank: python -m mpilearn.report RUN),
