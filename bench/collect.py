@@ -1,4 +1,6 @@
-"""Collects bench/results/*.md into bench/RESULTS.md with the machine and versions."""
+"""Collects bench/results/*.md into bench/results/collected.md with the machine and versions: the
+raw tables of one `make bench`, to move into the benchmark pages by topic (docs/benchmarks/, each
+section with its command, machine and date; bench/RESULTS.md is their index)."""
 import os
 import platform
 import subprocess
@@ -14,17 +16,17 @@ SECTIONS = [("throughput", "Data-parallel training throughput (np=1 and 2, same 
             ("hpo_coordinator", "HPO coordinator: decision latency and block utilisation"),
             ("hpo_quality", "HPO quality vs Optuna TPE (sequential)"),
             ("hpo_parallel", "HPO under parallel load vs Optuna TPE and GP: quality, model share, cost at 1000 observations"),
-            ("hpo_scale", "HPO at scale by simulation: 8 to 1 024 workers, 10 evaluations each (issue 38)"),
+            ("hpo_scale", "HPO at scale by simulation: 8 to 1 024 workers, 10 evaluations each"),
             ("data_loading", "Data loading, 51x51x25 format"),
             ("async_training", "Asynchronous training: allreduce vs downpour vs EASGD at np=3, one rank 5x slower"),
             ("gan_cpu", "The full angle 3DGAN on this CPU: fp32 and bf16, FLOP floor, bf16 loss tracking"),
             ("generate", "Fast simulation: showers/s of the full generator, PyTorch fp32/bf16 and ONNX Runtime"),
-            ("convergence", "3DGAN time-to-quality at np = 1, 2, 4 (issue 35; `python bench/convergence.py`)"),
-            ("convergence_quick", "3DGAN time-to-quality, smoke run (issue 35; `python bench/convergence.py --quick`: no evidence for a rule)"),
+            ("convergence", "3DGAN time-to-quality at np = 1, 2, 4 (`python bench/convergence.py`)"),
+            ("convergence_quick", "3DGAN time-to-quality, smoke run (`python bench/convergence.py --quick`: no evidence for a rule)"),
             ("resnet_synthetic", "Horovod's synthetic benchmark: torchvision ResNet-18, mpilearn vs Horovod vs DDP"),
             ("keras_throughput", "Small 3DGAN: Keras 3 (TensorFlow, torch backends) vs PyTorch"),
-            ("tf_peer", "The original Accelarated3DGAN (TF2, MultiWorkerMirroredStrategy) beside mpilearn (issue 37; `python bench/tf_peer.py`)"),
-            ("tf_peer_quick", "The original Accelarated3DGAN beside mpilearn, smoke run (issue 37; `python bench/tf_peer.py --quick`: tiny, numbers mean nothing)"),
+            ("tf_peer", "The original Accelarated3DGAN (TF2, MultiWorkerMirroredStrategy) beside mpilearn (`python bench/tf_peer.py`)"),
+            ("tf_peer_quick", "The original Accelarated3DGAN beside mpilearn, smoke run (`python bench/tf_peer.py --quick`: tiny, numbers mean nothing)"),
             ("gpu/gan3d", "GPU: the 3DGAN on one H100, mpilearn vs plain PyTorch (bench/gpu_3dgan.py, run on the GPU machine)")]
 
 
@@ -51,7 +53,7 @@ def main():
         path = os.path.join(RES, name + ".md")
         lines += [f"## {title}", ""]
         lines += [open(path).read().rstrip(), ""] if os.path.exists(path) else ["(not run)", ""]
-    open(os.path.join(REPO, "bench", "RESULTS.md"), "w").write("\n".join(lines) + "\n")
+    open(os.path.join(RES, "collected.md"), "w").write("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 

@@ -9,7 +9,7 @@ PyTorch 3DGAN, on the same simulated showers and global batch, np / workers = 1 
 PEER_DIR is a git checkout of https://github.com/recardoso/Accelarated3DGAN (MIT); nothing of
 it is copied here. Its environment (PEER_PYTHON) is TensorFlow 2.x with Keras 2 (tf-keras,
 selected by TF_USE_LEGACY_KERAS=1, TensorFlow's documented way to run Keras 2 code on
-TF >= 2.16); ``make`` does not build it: see bench/RESULTS.md for the two pip lines.
+TF >= 2.16); ``make`` does not build it: see docs/benchmarks/training.md for the two pip lines.
 
 Per case, 1 and 2 processes on this host:
   original   gan_main.py, run as its code sets itself up for several workers: ``--multi_node
