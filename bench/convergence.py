@@ -32,7 +32,7 @@ OUT/runs/data.
 
     python bench/convergence.py --quick                       # <= 3 min on 2 cores
     python bench/convergence.py                               # the full CPU run (~60 min)
-    python bench/convergence.py --preset smooth               # issue 49: ~5.5 CPU-hours
+    python bench/convergence.py --preset smooth               # issue 49: ~6.3 CPU-hours
     python bench/convergence.py --device cuda --preset full   # a GPU machine
 
 Writes OUT.json / OUT.md (the table) and OUT_events.png / OUT_time.png (score ratio against

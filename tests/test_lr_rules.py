@@ -87,11 +87,86 @@ def test_warmup_survives_a_resume_exactly(toy_files, tmp_path):
 
 
 def test_the_epoch_record_names_each_optimizers_rate_where_they_differ():
-    from mpilearn.train.engine import Trainer
+    from mpilearn.train.scaling import Scaling
 
-    trainer = Trainer.__new__(Trainer)  # the record's lr fields only: no run needed
-    trainer.lr, trainer.lrs = 0.002, {"generator": 0.002, "discriminator": 0.002}
-    assert trainer._lr_fields() == {"lr": 0.002}
-    trainer.lrs = {"generator": 0.002, "discriminator": 0.0005}
-    assert trainer._lr_fields() == {"lr": 0.002, "lr_generator": 0.002,
-                                    "lr_discriminator": 0.0005}
+    scaling = Scaling.__new__(Scaling)  # the record's lr fields only: no run needed
+    scaling.lr, scaling.lrs = 0.002, {"generator": 0.002, "discriminator": 0.002}
+    assert scaling.lr_fields() == {"lr": 0.002}
+    scaling.lrs = {"generator": 0.002, "discriminator": 0.0005}
+    assert scaling.lr_fields() == {"lr": 0.002, "lr_generator": 0.002,
+                                   "lr_discriminator": 0.0005}
+
+
+def test_auto_gives_each_optimizer_its_own_rule():
+    import keras
+    import torch
+
+    from mpilearn.train.scaling import Scaling
+
+    class Two:  # what the engine reads of a task: its optimizers and their rates
+        def __init__(self, opts):
+            self.opts = opts
+
+        def optimizers(self):
+            return self.opts
+
+        def learning_rates(self):
+            return {k: [0.1] for k in self.opts}
+
+        def set_learning_rates(self, lrs):  # the torch ones (the srsr case)
+            for k, o in self.opts.items():
+                o.param_groups[0]["lr"] = lrs[k][0]
+
+    p = [torch.nn.Parameter(torch.zeros(2))]
+    adaptive = {"rmsprop": torch.optim.RMSprop(p), "adam": torch.optim.Adam(p),
+                "adamw": torch.optim.AdamW(p), "adagrad": torch.optim.Adagrad(p),
+                "k_rmsprop": keras.optimizers.RMSprop(), "k_adam": keras.optimizers.Adam()}
+    plain = {"sgd": torch.optim.SGD(p, lr=0.1, momentum=0.9), "k_sgd": keras.optimizers.SGD()}
+    train = {"lr_scaling": "auto", "base_batch": 0, "batch_size": 16, "warmup_epochs": 0}
+    s = Scaling(train, Two({**adaptive, **plain}))
+    assert s.rules == {**{k: "sqrt" for k in adaptive}, **{k: "linear" for k in plain}}
+    # the first epoch's line names each rule and why; linear on an adaptive one warns once
+    head = s.describe(4, 16)[0]
+    assert "rmsprop (RMSprop, adaptive): sqrt x2" in head and "sgd (SGD, not adaptive): linear x4" in head
+    warned = Scaling(dict(train, lr_scaling="linear"), Two(adaptive)).describe(4, 16)[1:]
+    assert len(warned) == len(adaptive) and all("warning" in w for w in warned)
+    # srsr: lr x sqrt(k), each 1 - beta x k, eps / sqrt(k); SGD keeps the linear rule
+    s = Scaling(dict(train, lr_scaling="srsr"), Two({"adam": torch.optim.Adam(p, lr=0.1),
+                                                     "sgd": torch.optim.SGD(p, lr=0.1)}))
+    assert s.rules == {"adam": "srsr", "sgd": "linear"}
+    s.set_lr(4, 16, 10, 5)
+    g = s.task.opts["adam"].param_groups[0]
+    assert g["lr"] == pytest.approx(0.2) and s.task.opts["sgd"].param_groups[0]["lr"] == pytest.approx(0.4)
+    assert g["betas"] == pytest.approx((1 - 4 * 0.1, 1 - 4 * 0.001)) and g["eps"] == pytest.approx(0.5e-8)
+
+
+def test_srsr_past_its_bound_is_refused_before_training(toy_files, tmp_path):
+    # Adam's beta1 0.9 at k = 64 (base batch 1, 2 x 32): 64 x (1 - beta1) = 6.4 > 0.5
+    proc = _run(2, toy_files, tmp_path / "srsr", 32, "--set", "hparams.optimizer=adam",
+                "--set", "train.lr_scaling=srsr", "--set", "train.base_batch=1")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    errors = [ln for ln in proc.stderr.splitlines() if "srsr" in ln]
+    assert len(errors) == 1, proc.stderr  # one line, from rank 0
+    assert "k = 64" in errors[0] and "beta1" in errors[0] and "0.5" in errors[0]
+    assert not (tmp_path / "srsr" / "metrics.jsonl").exists()
+
+
+def test_gain_follows_the_noise_scale_and_resumes_exactly(toy_files, tmp_path):
+    extra = ("--set", "train.lr_scaling=gain", "--set", "train.max_steps_per_epoch=12")
+    whole = _run(2, toy_files, tmp_path / "whole", 16, *extra, "--set", "train.epochs=3")
+    assert whole.returncode == 0, whole.stderr
+    cut = tmp_path / "cut"
+    first = _run(2, toy_files, cut, 16, *extra, "--set", "train.epochs=2")
+    assert first.returncode == 0, first.stderr
+    rest = _run(2, toy_files, cut, 16, *extra, "--set", "train.epochs=3", "--resume")
+    assert rest.returncode == 0, rest.stderr
+    records = [json.loads(line) for line in open(tmp_path / "whole" / "metrics.jsonl")]
+    # epoch 1 at the configured rate (nothing measured yet), then x gain (SGD: linear in it)
+    gains = [r["noise_scale"]["optimizer"]["gain"] for r in records]
+    assert records[0]["lr"] == pytest.approx(0.01)
+    assert all(1.0 < g < 2.0 for g in gains)  # between no gain and k = 2
+    assert records[1]["lr"] == pytest.approx(0.01 * gains[0])
+    assert _lrs(cut) == pytest.approx(_lrs(tmp_path / "whole"), rel=1e-12)
+    wa, wb = _weights(tmp_path / "whole"), _weights(cut)
+    for k in wa:
+        np.testing.assert_allclose(wb[k].numpy(), wa[k].numpy(), rtol=1e-12, atol=1e-14)

@@ -19,8 +19,10 @@ def run(np_, toy_files, out, *extra):
 
 
 def test_two_ranks_equal_one_rank_with_double_batch_through_engine(toy_files, tmp_path):
-    a = run(1, toy_files, tmp_path / "a", "--set", "train.batch_size=32", "--set", "train.epochs=2")
-    b = run(2, toy_files, tmp_path / "b", "--set", "train.batch_size=16", "--set", "train.epochs=2")
+    # the lr was tuned at the global batch of 32 (base_batch): no rule rescales it on either
+    tuned = ("--set", "train.base_batch=32", "--set", "train.epochs=2")
+    a = run(1, toy_files, tmp_path / "a", "--set", "train.batch_size=32", *tuned)
+    b = run(2, toy_files, tmp_path / "b", "--set", "train.batch_size=16", *tuned)
     assert a.returncode == 0, a.stderr
     assert b.returncode == 0, b.stderr
     wa = ckpt.load(ckpt.latest(str(tmp_path / "a" / "checkpoints")))["task"]["models"]["model"]

@@ -164,6 +164,8 @@ class GradientReducer:
         self.backend = backend
         self._scales = (prescale, postscale, average)
         self.factor = prescale * ((postscale / size) if average else postscale)
+        self.size = size
+        self.noise = None  # a noise.NoiseScale: squared norms before and after each reduction
         self.compression = compression
         self.backward_passes = backward_passes
         self.sparse_as_dense = sparse_as_dense
@@ -184,6 +186,7 @@ class GradientReducer:
         prescale, postscale, average = self._scales
         self.backend = backend
         self.factor = prescale * ((postscale / size) if average else postscale)
+        self.size = size
         for b in self.buckets:
             b.handle = None
         self.reset()
@@ -228,6 +231,8 @@ class GradientReducer:
     def _launch(self, bucket: Bucket) -> None:
         start = time.perf_counter()
         bucket.gather(self.factor)
+        if self.noise is not None and self.size > 1:
+            self.noise.local(bucket)
         sent, ctx = bucket.buffer, None
         if self.compression is not None:
             sent, ctx = self.compression.compress(bucket.buffer)
@@ -256,6 +261,9 @@ class GradientReducer:
         while self._next < len(self.buckets):
             self._launch(self.buckets[self._next])
             self._next += 1
+        # the ranks' local squared norms (noise.py): one 2-element allreduce beside the buckets
+        sums = self.noise.local_sums() if self.noise is not None and self.size > 1 else None
+        sums_handle = self.backend.allreduce_async(sums) if sums is not None else None
         start = time.perf_counter()
         for bucket in self.buckets:
             handle, sent, ctx = bucket.handle
@@ -264,6 +272,13 @@ class GradientReducer:
                 with torch.no_grad():
                     bucket.buffer.copy_(self.compression.decompress(sent, ctx))
             bucket.finish(keep_sparse=True)  # Horovod: back to sparse, also with sparse_as_dense
+        if sums_handle is not None:
+            self.backend.wait(sums_handle)
+        if self.noise is not None:
+            if self.size > 1:
+                self.noise.reduced(self.buckets, self.size, sums)
+            else:
+                self.noise.reduced_one()
         self._next = 0
         self._delay = dict.fromkeys(self._delay, self.backward_passes)
         self.seconds += time.perf_counter() - start
@@ -272,6 +287,8 @@ class GradientReducer:
         """Forget partial accumulation (after load_state_dict)."""
         for b in self.buckets:
             b.clear()
+        if self.noise is not None:
+            self.noise.drop()
         self._next = 0
         self._delay = {k: self.backward_passes for k in self._delay}
 

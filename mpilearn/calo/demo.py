@@ -25,10 +25,11 @@ def default_config() -> dict:
         "model": "mpilearn.models.gan3d",  # a module: the same in a checkout and a wheel
         "hparams": {"preset": "small"},
         "data": {"files": [os.path.join(data_dir(), "*.h5")], "val_fraction": 0.15},
-        # np > 1: the learning rates x ranks, reached over the first epoch (linear from the
-        # per-rank batch): what bench/convergence.py measured best at np = 4 (RESULTS.md)
+        # np > 1: each optimizer's own rule (RMSprop: lr x sqrt(ranks)), reached over the
+        # first epoch from the per-rank batch; linear, SGD's rule, trained a worse generator
+        # at np = 2 and 4 on the smooth preset (docs: benchmarks, physics and convergence)
         "train": {"epochs": 4, "batch_size": 16, "validate_every": 1, "physics_events": 256,
-                  "lr_scaling": "linear", "base_batch": 16, "warmup_epochs": 1},
+                  "lr_scaling": "auto", "base_batch": 16, "warmup_epochs": 1},
     }
 
 

@@ -24,6 +24,7 @@ import torch
 
 from .draws import box_muller, to_unit, uniform_words
 from .format import GEOMETRY, SAMPLED_ENERGY, Preprocess, ecal_fit
+from ..allreduce.noise import measure_halves
 from ..train.guard import Snapshot, flagged_step, read_host
 from ..train.tasks import Task, TrainingStopped
 
@@ -283,6 +284,9 @@ class GANTask(GANProtocol, Task):
         to ``flags``); returns the local term sums, on the device."""
         terms = self._terms(model_out, label, *targets)
         loss = (terms * self.weights).sum() * scale
+        h = len(terms) // 2
+        if h:  # one rank: the noise scale from two halves, now and then (allreduce/noise.py)
+            measure_halves(opt, lambda: (terms[:h] * self.weights).sum() * scale)
         loss.backward()
         flags.append(flagged_step(opt))
         return terms.detach().sum(0)

@@ -45,9 +45,13 @@ SCHEMA: Dict[str, Any] = {
         "precision": "fp32",
         "compile": "off",
         "channels_last": "auto",
-        "lr_scaling": "none",
+        "lr_scaling": "auto",
         "base_batch": 0,
         "warmup_epochs": 0.0,
+        "noise_scale": {
+            "enabled": True,
+            "halves_every": 16,
+        },
         "early_stopping": {
             "monitor": "val_loss",
             "patience": 0,
@@ -90,7 +94,7 @@ CHOICES = {
     "search.pruner": ("none", "median", "asha", "hyperband"),
     "train.backend": ("mpi", "torch", "horovod"),
     "train.algorithm": ("allreduce", "local_sgd", "downpour", "easgd"),
-    "train.lr_scaling": ("none", "linear", "sqrt"),
+    "train.lr_scaling": ("auto", "sqrt", "linear", "srsr", "gain", "none"),
     "train.precision": ("fp32", "bf16"),
     "train.compile": ("off", "default", "reduce-overhead", "max-autotune",
                       "max-autotune-no-cudagraphs"),
@@ -174,12 +178,23 @@ DESCRIPTIONS: Dict[str, str] = {
                      "allreduce hooks stay outside the graphs and checkpoints keep plain keys; "
                      "PyTorch models only",
     "train.channels_last": "3-D (2-D) convolution weights channels-last; auto = on CUDA only",
-    "train.lr_scaling": "every optimizer's lr x (global batch / train.base_batch) (linear) or "
-                        "its square root (sqrt); a function of the global step, so --resume "
-                        "continues it exactly",
+    "train.lr_scaling": "each optimizer's lr for k = global batch / train.base_batch: auto = "
+                        "sqrt for adaptive optimizers (RMSprop, Adam, ...), linear for SGD; "
+                        "sqrt = lr x sqrt(k); linear = lr x k; srsr = Malladi's rule (lr x "
+                        "sqrt(k), each 1-beta x k, eps / sqrt(k)); gain = AdaScale's gain "
+                        "ratio from the measured noise scale; none; re-applied at a size "
+                        "change, and --resume continues it exactly",
     "train.base_batch": "the global batch the lrs were tuned for; 0 = train.batch_size (so "
                         "linear is lr x ranks)",
     "train.warmup_epochs": "epochs over which the lr ramps step by step to the scaled lr",
+    "train.noise_scale": "the gradient noise scale of each optimizer (McCandlish et al. 2018), "
+                         "from the gradients before and after the allreduce; in metrics.jsonl "
+                         "and one line at the end of the run",
+    "train.noise_scale.enabled": "measure it on every allreduce step (two squared norms per "
+                                 "bucket and one 2-element allreduce)",
+    "train.noise_scale.halves_every": "at one rank: measure it from the two halves of every "
+                                      "Nth batch (one more backward pass of half a batch); "
+                                      "0 = off",
     "train.early_stopping.monitor": "metric early stopping watches",
     "train.early_stopping.patience": "epochs without an improvement of more than min_delta "
                                      "before stopping; 0 = off",

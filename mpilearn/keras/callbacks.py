@@ -175,3 +175,34 @@ class BestModelCheckpoint(keras.callbacks.ModelCheckpoint):
 
 __all__ = ["BroadcastGlobalVariablesCallback", "MetricAverageCallback",
            "LearningRateScheduleCallback", "LearningRateWarmupCallback", "BestModelCheckpoint"]
+
+
+class NoiseScaleCallback(keras.callbacks.Callback):
+    """The gradient noise scale of the model's wrapped optimizer, each epoch (mpilearn's; Horovod
+    has none): ``logs["critical_batch"]`` and ``logs["noise_scale_err"]`` in events, and
+    ``logs["data_efficiency"]`` at the current global batch, over the epoch's steps (at least
+    ``min_window``); the full estimate of each epoch in ``self.history``. ``batch_size``: events per rank per step. Raw noise scale only (the
+    Keras path does not precondition). Measured from the gradients before and after the
+    allreduce, so it needs two ranks or more."""
+
+    def __init__(self, batch_size: int, min_window: int = 50, verbose: int = 0):
+        super().__init__()
+        self.batch_size, self.min_window, self.verbose = batch_size, min_window, verbose
+        self.history = []
+
+    def on_epoch_end(self, epoch, logs=None):
+        noise = getattr(self.model.optimizer, "_noise", None)
+        if noise is None:
+            return
+        noise.take_epoch(self.min_window)  # the epoch's steps, at least min_window of them
+        est = noise.estimate(self.batch_size, self.batch_size * _size())
+        self.history.append(est)
+        if est is None or est["critical_batch"] is None or logs is None:
+            return
+        logs["critical_batch"] = est["critical_batch"]
+        logs["noise_scale_err"] = est["critical_batch_err"]
+        logs["data_efficiency"] = est["efficiency"]
+        if self.verbose and _rank() == 0:
+            print(f"epoch {epoch + 1}: critical batch {est['critical_batch']:.3g} events "
+                  f"(data efficiency {est['efficiency']:.0%} at global batch "
+                  f"{est['global_batch']})", flush=True)

@@ -16,6 +16,7 @@ import keras
 import numpy as np
 
 from ..core import comm as _comm
+from ..allreduce.noise import NoiseScale
 from ..core.flat import reduce_tensors
 from ..torch.basics import global_process_set, state_of
 from ..torch.compression import Compression
@@ -85,9 +86,23 @@ def allreduce_arrays(arrays: List[np.ndarray], comm=None, average: bool = True,
 _graph_seconds = 0.0  # allreduce time inside compiled graphs (their Python bodies time it)
 
 
+def _measured(noise, comm, average: bool, scale: float, local: list, reduced: list) -> None:
+    """The noise scale's step (``allreduce/noise.py``): the ranks' local squared norms, summed
+    by one scalar allreduce, beside the reduced gradient's (contributions g_i/N, the mean)."""
+    size = comm.Get_size()
+    if noise is None or size < 2:
+        return
+    sq = sum(float(np.square(np.asarray(a, dtype=np.float64)).sum()) for a in local)
+    summed = comm.allreduce(sq / size ** 2)
+    unscale = scale * (1.0 if average else size)
+    big = sum(float(np.square(np.asarray(a, dtype=np.float64)).sum()) for a in reduced) / unscale ** 2
+    noise.record(size, summed, big)
+
+
 def allreduce_tensors(grads: list, comm, average: bool = True, wire_dtype=None,
-                      prescale: float = 1.0, postscale: float = 1.0) -> list:
-    """Backend tensors in, backend tensors out; inside a tf.function as well."""
+                      prescale: float = 1.0, postscale: float = 1.0, noise=None) -> list:
+    """Backend tensors in, backend tensors out; inside a tf.function as well. ``noise``: a
+    ``NoiseScale`` that records the step's squared norms (no preconditioning: raw only)."""
     plain = wire_dtype is None and prescale == 1.0 and postscale == 1.0
     if comm.Get_size() == 1 and plain:
         return grads
@@ -96,6 +111,13 @@ def allreduce_tensors(grads: list, comm, average: bool = True, wire_dtype=None,
 
         def reduce_(flat):
             _fused_allreduce_(flat, comm, average, prescale, postscale)
+
+        if noise is not None and wire_dtype is None:
+            local = [g.detach().cpu().numpy() for g in grads]
+            out = reduce_tensors([g.detach() for g in grads], reduce_)
+            _measured(noise, comm, average, prescale * postscale, local,
+                      [o.cpu().numpy() for o in out])
+            return out
 
         if wire_dtype is None:
             return reduce_tensors([g.detach() for g in grads], reduce_)
@@ -108,6 +130,7 @@ def allreduce_tensors(grads: list, comm, average: bool = True, wire_dtype=None,
         global _graph_seconds
         start = time.perf_counter()
         out = allreduce_arrays(list(arrays), comm, average, wire_dtype, prescale, postscale)
+        _measured(noise, comm, average, prescale * postscale, arrays, out)
         _graph_seconds += time.perf_counter() - start
         return out
 
@@ -155,7 +178,8 @@ class _DistributedMixin:
         present = [i for i, g in enumerate(grads) if g is not None]
         cfg = self._mpilearn
         reduced = allreduce_tensors([grads[i] for i in present], cfg["comm"], cfg["average"],
-                                    cfg["wire"], cfg["prescale"], cfg["postscale"])
+                                    cfg["wire"], cfg["prescale"], cfg["postscale"],
+                                    getattr(self, "_noise", None))
         for i, g in zip(present, reduced):
             grads[i] = g
         # time of the averaging (eager calls; under a compiled fit() it is part of the graph)
@@ -201,12 +225,14 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
                          gradient_predivide_factor=1.0, op=Average, backward_passes_per_step=1,
                          average_aggregated_gradients=False, num_groups=0, groups=None,
                          process_set=global_process_set, scale_local_gradients=True, *,
-                         comm=None):
+                         comm=None, noise_scale: bool = True):
     """Wrap a Keras optimizer so that it applies gradients averaged (or summed) over the
-    ranks (``horovod.tensorflow.keras`` arguments; ``comm`` is mpilearn's). The object stays
-    an instance of the user's optimizer class. ``device_*``, ``sparse_as_dense``, groups and
-    ``scale_local_gradients`` are accepted for compatibility: all gradients travel dense, in
-    one fused buffer."""
+    ranks (``horovod.tensorflow.keras`` arguments; ``comm`` and ``noise_scale`` are
+    mpilearn's: an explicit communicator, and measuring the gradient noise scale, read with
+    ``mpilearn.keras.callbacks.NoiseScaleCallback`` or ``optimizer._noise.estimate``). The
+    object stays an instance of the user's optimizer class. ``device_*``,
+    ``sparse_as_dense``, groups and ``scale_local_gradients`` are accepted for compatibility:
+    all gradients travel dense, in one fused buffer."""
     backend_name()
     check_arguments(op, gradient_predivide_factor, backward_passes_per_step)
     if compression is Compression.bf16:
@@ -227,4 +253,5 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     optimizer._mpilearn_passes = backward_passes_per_step
     optimizer._mpilearn_average_aggregated = average_aggregated_gradients
     optimizer._mpilearn_acc, optimizer._mpilearn_count = None, 0
+    optimizer._noise = NoiseScale(None) if noise_scale else None
     return optimizer

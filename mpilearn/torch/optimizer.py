@@ -16,6 +16,7 @@ import torch
 
 from ..allreduce import make_backend
 from ..allreduce.fusion import GradientReducer
+from ..allreduce.noise import NoiseScale
 from .basics import global_process_set, state_of
 from .compression import Compression
 from .engine import Adasum, Average, HorovodInternalError, Sum
@@ -126,6 +127,20 @@ class _DistributedMixin:
         """Whether the last reduced gradients were all finite (identical on every rank)."""
         return self._reducer is None or self._reducer.all_finite()
 
+    def noise_scale(self, batch_size: int, min_window: int = 50) -> Optional[dict]:
+        """The gradient noise scale of this optimizer (mpilearn's; Horovod has none) over the
+        steps since the last call (at least the newest ``min_window``), for ``batch_size``
+        events per rank per step: ``b_simple`` (raw) and ``b_pre`` (in the optimizer's own
+        preconditioning) in events with their standard errors, ``critical_batch`` (the one
+        that governs this optimizer) and ``efficiency`` (data efficiency at the current global
+        batch); ``mpilearn.allreduce.noise``. Local: no collective. None before two measured
+        steps, at one rank, or when wrapped with ``noise_scale=False``."""
+        noise = getattr(self._reducer, "noise", None) if self._reducer is not None else None
+        if noise is None:
+            return None
+        noise.take_epoch(min_window)
+        return noise.estimate(batch_size, batch_size * self._reducer.size)
+
     @property
     def allreduce_seconds(self) -> float:
         return self._reducer.pop_seconds() if self._reducer is not None else 0.0
@@ -199,10 +214,15 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
                          backward_passes_per_step=1, op=Average, gradient_predivide_factor=1.0,
                          num_groups=0, groups=None, sparse_as_dense=False,
                          process_set=global_process_set, *, backend: Optional[str] = None,
-                         comm=None, fusion_threshold_bytes: int = 25 << 20):
+                         comm=None, fusion_threshold_bytes: int = 25 << 20,
+                         noise_scale: bool = True, halves_every: int = 0):
     """Wrap ``optimizer`` so that ``step()`` applies gradients reduced over the process set
     (Horovod's arguments; ``backend``, ``comm`` and ``fusion_threshold_bytes`` are
-    mpilearn's: the gradient transport, an explicit communicator, and the bucket size)."""
+    mpilearn's: the gradient transport, an explicit communicator, and the bucket size).
+    ``noise_scale``: measure the gradient noise scale on every step (two squared norms per
+    bucket and one 2-element allreduce; read it with ``optimizer.noise_scale(batch_size)``);
+    ``halves_every``: at one rank, every that many steps a caller that passes the first half
+    of its batch's gradients (``optimizer._reducer.noise.halves``) measures it there too."""
     check_arguments(op, gradient_predivide_factor, backward_passes_per_step)
     if named_parameters is not None:
         named_parameters = list(named_parameters)   # a generator is read twice below
@@ -230,6 +250,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
                 f"{layouts[0]} on rank 0, {reducer.layout()} here): build the same model on "
                 "every rank")
         hooks = state.size > 1
+        if noise_scale:
+            reducer.noise = NoiseScale(optimizer, halves_every)
     base = optimizer.__class__
     if issubclass(base, _DistributedMixin):
         raise ValueError("this optimizer is already a DistributedOptimizer")

@@ -30,11 +30,12 @@ from ..data.position import from_steps, steps_left
 from ..errors import TrainingStopped, UsageError
 from ..core.io import append_jsonl, read_jsonl
 from . import checkpoint as ckpt
-from . import best, elastic, loggers, lr_rules, resize, stops
+from . import best, elastic, loggers, resize, stops
 from .callbacks import BestCheckpoint, EarlyStopping, EpochLog, task_callbacks
 from .checks import clear_run_dir, remove_stale_temp
 from .evaluation import evaluate, test_pass
 from .plan import make as make_plan
+from .scaling import Scaling
 from .setup import new_task, shared_files
 from .strategies import EpochContext, make_strategy
 
@@ -108,7 +109,7 @@ class Trainer:
             print(f"mpilearn: {ctx.size} rank(s) on {where}; backend {train['backend']}, "
                   f"precision {train['precision']}, compile {train['compile']}", flush=True)
         self.strategy.setup(self.task, plan.device)
-        self.base_lrs = self.task.learning_rates()
+        self.scaling = Scaling(train, self.task)
         self._seed_rank_streams()
         self.callbacks = self._default_callbacks()
         self.membership, self.snapshots = None, None
@@ -118,7 +119,6 @@ class Trainer:
         # position (the epoch's events consumed, and its steps taken) and running state
         self.epoch, self.step_in_epoch, self.global_step, self.position = 0, 0, 0, 0
         self.acc = self._empty_acc()
-        self.lr, self.lrs = None, {}
         if plan.checkpoint:
             self._restore(*plan.checkpoint)
         if self.snapshots is not None:
@@ -197,24 +197,16 @@ class Trainer:
         data, so it survives a size change; at one size it is the global step)."""
         return self.epoch * spe + self.position / global_batch
 
-    # -- learning rate -------------------------------------------------------------------
-    def _set_lr(self) -> float:
-        """Every optimizer's rates for the next step (``lr_rules``); returns the first."""
-        spe = self.steps_per_epoch
-        f = lr_rules.from_config(self.config["train"], self.ctx.size, spe,
-                                 self._warmup_step(spe, self.loader.global_batch), self.batch_size)
-        lrs = {k: [base * f for base in bases] for k, bases in self.base_lrs.items()}
-        self.task.set_learning_rates(lrs)
-        self.lrs = {k: v[0] for k, v in lrs.items()}
-        self.lr = next(iter(self.lrs.values()))
-        return self.lr
+    # -- learning rate ---------------------------------------------------------------------
+    @property
+    def lr(self):
+        return self.scaling.lr
 
-    def _lr_fields(self) -> dict:
-        """``lr`` (the first optimizer's), and ``lr_<optimizer>`` each where they differ."""
-        out = {"lr": self.lr}
-        if self.lr is not None and len(set(self.lrs.values())) > 1:
-            out.update({f"lr_{k}": v for k, v in self.lrs.items()})
-        return out
+    def _set_lr(self) -> float:
+        """Every optimizer's rates for the next step (``scaling.py``); returns the first."""
+        spe = self.steps_per_epoch
+        return self.scaling.set_lr(self.ctx.size, self.batch_size, spe,
+                                   self._warmup_step(spe, self.loader.global_batch))
 
     # -- checkpoints -------------------------------------------------------------------
     @staticmethod
@@ -237,7 +229,7 @@ class Trainer:
                      "local_batch": self.batch_size,
                      "rng": rngs, "acc": self.acc, "acc_per_rank": accs,
                      "world_size": self.ctx.size,
-                     "strategy": strategy,
+                     "strategy": strategy, "scaling": self.scaling.state_dict(),
                      "callbacks": {cb.name: cb.state_dict() for cb in self.callbacks}}
             path = ckpt.save(self.ckpt_dir, ckpt.name_for(self.epoch, self.step_in_epoch), state,
                              self.config["train"]["keep_checkpoints"])
@@ -249,6 +241,7 @@ class Trainer:
         try:
             self.task.load_state_dict(state["task"])
             self.strategy.load_state_dict(state.get("strategy") or {})
+            self.scaling.load_state_dict(state.get("scaling") or {})
         except (RuntimeError, KeyError, ValueError) as err:  # alike on every rank
             detail = " ".join(line.strip() for line in str(err).strip().splitlines()[:3])
             raise UsageError(f"--resume: {path} is not a checkpoint of this model and optimizer: "
@@ -288,9 +281,8 @@ class Trainer:
 
         def lr(ranks, global_batch):
             spe = min(n // global_batch, cap) if cap > 0 else n // global_batch
-            f = lr_rules.from_config(t, ranks, spe, self._warmup_step(spe, global_batch),
-                                     global_batch // ranks)
-            return next(iter(self.base_lrs.values()))[0] * f if self.base_lrs else None
+            return self.scaling.base_lr(ranks, global_batch // ranks, spe,
+                                        self._warmup_step(spe, global_batch))
 
         return resize.describe(old_ranks, self.ctx.size, old_global, self.batch_size,
                                loader.global_batch, t["elastic"]["batch"],
@@ -357,6 +349,8 @@ class Trainer:
         stopped = False
         if self.membership is not None:  # from here on a lost rank is recovered from
             self.membership.phase = "training"
+        if self.ctx.rank == 0 and self.loader.global_batch != self.scaling.base_batch:
+            print("\n".join(self.scaling.describe(self.ctx.size, self.batch_size)), flush=True)
         while self.epoch < t["epochs"] and not stopped:
             if self.membership is not None:
                 from ..core.membership import run_guarded
@@ -372,6 +366,9 @@ class Trainer:
             last["test"] = test_pass(self.task, self.test_files, self.config["train"]["batch_size"],
                                      self.ctx.comm, self.output, self.epoch, self.config)
         if self.ctx.rank == 0:
+            line = self.scaling.end_line(self.batch_size, self.ctx.size)
+            if line:
+                print(line, flush=True)
             # torch models as .pt and .safetensors, Keras ones as .keras
             self.task.export(os.path.join(self.output, "models"))
             print(f"mpilearn: done after {self.epoch} epoch(s); results in {self.output}",
@@ -683,7 +680,7 @@ class Trainer:
         wall = round(acc["seconds"] + time.perf_counter() - began, 3)
         split = {k: round(acc[k], 4) for k in ("compute", "allreduce", "data", "seconds")}
         per_rank = comm.gather(split, root=0)
-        record = {"epoch": self.epoch + 1, "step": self.global_step, **self._lr_fields(),
+        record = {"epoch": self.epoch + 1, "step": self.global_step, **self.scaling.lr_fields(),
                   **{f"train_{k}": v for k, v in train.items()}, **val,
                   "samples_per_s": acc["samples"] / acc["seconds"] if acc["seconds"] else None,
                   "time": split, "time_per_rank": per_rank, "ranks": self.ctx.size,
@@ -691,4 +688,5 @@ class Trainer:
                   "device": "gpu" if str(self.ctx.device).startswith("cuda") else "cpu"}
         if "async" in acc:
             record["async"] = acc["async"]
+        record.update(self.scaling.epoch_fields(self.batch_size, self.loader.global_batch))
         return record

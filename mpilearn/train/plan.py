@@ -19,6 +19,7 @@ from ..core.builders import load_builder
 from ..core.comm import fail_usage
 from ..data.hdf5 import ShardedLoader
 from ..errors import UsageError
+from .scaling import Scaling
 from . import checkpoint as ckpt, elastic
 from . import loggers, resize
 from .checks import (check_framework, check_hparams, check_monitor, check_output,
@@ -107,6 +108,7 @@ def _check(config, ctx, output, resume, events, overwrite, force, device_problem
     batch = resize.local_batch(train, shards, saved)
     if batch != train["batch_size"]:
         ShardedLoader(files[0], split[0], batch, 0, shards)
+    Scaling(train, task).check(shards, batch)  # srsr's bound at this global batch
     return Plan(output, notes, counted(files), split, monitors, checkpoint, fresh, task=task,
                 batch_size=batch)
 

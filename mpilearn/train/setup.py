@@ -39,6 +39,8 @@ def new_task(config: dict):
     task = build_task(builder, config["model"], config["hparams"])
     task.precision = train["precision"]
     task.compile_mode, task.channels_last = train["compile"], train["channels_last"]
+    task.noise_scale = train["noise_scale"]["enabled"] and train["algorithm"] == "allreduce"
+    task.halves_every = train["noise_scale"]["halves_every"]
     return task
 
 

@@ -17,6 +17,7 @@ from .. import torch as mtorch
 
 from ..errors import TrainingStopped  # noqa: F401  (raised by the tasks' guards)
 from .guard import guarded_step
+from ..allreduce.noise import measure_halves
 from .speed import compile_model, to_channels_last, wants_channels_last
 
 
@@ -36,6 +37,8 @@ class Task:
     supports_autocast = True  # False where the framework has its own policy (Keras)
     compile_mode = "off"      # train.compile (the engine sets both; speed.py)
     channels_last = "auto"    # train.channels_last: auto (CUDA only) | true | false
+    noise_scale = True        # train.noise_scale.enabled: measured by the wrapped optimizers
+    halves_every = 0          # train.noise_scale.halves_every: one rank's measure (halves)
 
     def models(self) -> Dict[str, torch.nn.Module]:
         raise NotImplementedError
@@ -80,7 +83,9 @@ class Task:
             mtorch.broadcast_optimizer_state(opt, 0, comm=comm)
             mtorch.DistributedOptimizer(opt, backend=backend, comm=comm,
                                         fusion_threshold_bytes=fusion_bytes,
-                                        op=mtorch.Sum if self.sums_gradients else mtorch.Average)
+                                        op=mtorch.Sum if self.sums_gradients else mtorch.Average,
+                                        noise_scale=self.noise_scale,
+                                        halves_every=self.halves_every)
 
     def sync_models(self, comm, root: int = 0) -> None:
         """Every rank takes ``root``'s models (an elastic restore; weights are equal already,
@@ -210,6 +215,9 @@ class SupervisedTask(Task):
         pred = pred.float() if pred.dtype == torch.bfloat16 else pred
         # every event of this rank's batch skipped (data.on_error=skip): zeros, in step
         loss = self.loss(pred, y) if len(y) else pred.sum() * 0.0
+        h = len(y) // 2
+        if h:  # one rank: the noise scale from two halves, now and then (allreduce/noise.py)
+            measure_halves(self.optimizer, lambda: self.loss(pred[:h], y[:h]) * (h / len(y)))
         loss.backward()
         # one host read: the finite check and the loss, before the step
         (value,) = guarded_step(self.optimizer, "local loss", loss)
