@@ -23,7 +23,10 @@ Writes into RUN_DIR/report/:
 - ``importance.png``: parameter importance (a random forest's impurity importance, scikit-learn);
 - ``pareto.png`` (several objectives): every trial in the first two objectives, the front joined;
 - ``utilisation.png``: the block timeline; utilisation counts only the time jobs ran (the gaps
-  between a stopped job and its resume are left out).
+  between a stopped job and its resume are left out);
+
+and ``RUN_DIR/index.html``: the summary, the trials, every plot and the config on one page
+(``train/page.py``).
 """
 from __future__ import annotations
 
@@ -191,20 +194,25 @@ def main(argv=None) -> int:
     skipped = plots(out, rows, done, names, space, directions, signs, front, spans, util,
                     weights, events, objective_labels(args.run_dir, directions),
                     _search_config(args.run_dir).get("pruner", "none"))
+    lines = []
     if best:
-        print(f"best {best['value']:.6g} +- {best['std']:.2g}: {best['params']} "
-              f"(trial {best['trial']})")
+        lines.append(f"best {best['value']:.6g} +- {best['std']:.2g}: {best['params']} "
+                     f"(trial {best['trial']})")
     if front:
-        print(f"Pareto front: {len(front)} trial(s): {sorted(r['trial'] for r in front)}")
+        lines.append(f"Pareto front: {len(front)} trial(s): {sorted(r['trial'] for r in front)}")
     if summary["refit"]:
         r = summary["refit"]
         scores = {k: v for k, v in (r.get("test") or {}).items()
                   if k.startswith("test_") and isinstance(v, float)}
-        print(f"refit: {r['output']} (trial {r['trial']}"
-              + "".join(f"; {k} {v:.5g}" for k, v in scores.items()) + ")")
-    print("\n".join(cost.sweep_lines(costs, price)))
-    for name, why in skipped.items():
-        print(f"{name}: not drawn: {why}")
+        lines.append(f"refit: {r['output']} (trial {r['trial']}"
+                     + "".join(f"; {k} {v:.5g}" for k, v in scores.items()) + ")")
+    lines += cost.sweep_lines(costs, price)
+    lines += [f"{name}: not drawn: {why}" for name, why in skipped.items()]
+    lines.append(f"page: {os.path.join(args.run_dir, 'index.html')} (open it in a browser)")
+    from ..train.page import sweep_page
+
+    sweep_page(args.run_dir, summary, rows, names, lines)
+    print("\n".join(lines))
     print(f"{len(rows)} trials; report in {out}")
     return 0
 

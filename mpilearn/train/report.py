@@ -10,7 +10,10 @@ its ``metrics.jsonl`` and ``launches.jsonl``, into ``RUN/report/``:
   title); not drawn, and said so, when the run logged none;
 - ``throughput.png``: samples per second, and each epoch's time split (compute, allreduce,
   data wait) summed over the ranks;
-- ``cost.png``: device-hours per epoch, and inside epochs against launched (``hpo/cost.py``).
+- ``cost.png``: device-hours per epoch, and inside epochs against launched (``hpo/cost.py``);
+
+and ``RUN/index.html``, all of it on one page with the config, the physics plots of every
+validated epoch, membership changes, restarts and the noise scale (``train/page.py``).
 """
 from __future__ import annotations
 
@@ -113,9 +116,14 @@ def report_run(run_dir: str, price=None) -> int:
     os.makedirs(out, exist_ok=True)
     summary = summarise(run_dir, records, costs)
     skipped = plots(out, records, costs)
-    lines = text_lines(summary, cost.run_lines(costs, price), skipped)
+    cost_lines = cost.run_lines(costs, price)
+    lines = text_lines(summary, cost_lines, skipped)
+    lines.append(f"page: {os.path.join(run_dir, 'index.html')} (open it in a browser)")
     atomic_write_text(os.path.join(out, "summary.txt"), "\n".join(lines) + "\n")
     atomic_write_text(os.path.join(out, "summary.json"), json.dumps(summary, indent=2))
+    from .page import run_page
+
+    run_page(run_dir, summary, records, lines, cost_lines, costs)
     print("\n".join(lines))
     print(f"report in {out}")
     return 0
