@@ -435,9 +435,10 @@ def resolve(path: Optional[str], sets: Iterable[str] = (), base: Optional[dict] 
         raise UsageError(f"'train.seed' must be in [0, 2**32), got {t['seed']}")
     if not 0 < t["elastic_force"] <= 1:
         raise UsageError(f"'train.elastic_force' must be in (0, 1], got {t['elastic_force']}")
-    if t["algorithm"] in ("downpour", "easgd") and t["lr_scaling"] != "none":
+    if t["algorithm"] in ("downpour", "easgd") and t["lr_scaling"] not in ("auto", "none"):
         raise UsageError(f"'train.lr_scaling: {t['lr_scaling']}' is for allreduce training; "
-                         f"{t['algorithm']} applies each worker's update on its own (use none)")
+                         f"{t['algorithm']} applies each worker's update on its own (use auto "
+                         "or none: the configured rate)")
     if not 0 <= config["data"]["val_fraction"] < 1:
         raise UsageError(f"'data.val_fraction' must be in [0, 1), got {config['data']['val_fraction']}")
     return config

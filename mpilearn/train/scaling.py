@@ -67,7 +67,9 @@ class Scaling:
         self.base_lrs = task.learning_rates()
         self.base_moments = {k: moments(o) for k, o in opts.items()}
         self.adaptive = {k: is_adaptive(o) for k, o in opts.items()}
-        self.rules = {k: lr_rules.concrete(train["lr_scaling"], a) for k, a in self.adaptive.items()}
+        # asynchronous workers apply their own updates: no global batch to scale for
+        rule = "none" if train.get("algorithm") in ("downpour", "easgd") else train["lr_scaling"]
+        self.rules = {k: lr_rules.concrete(rule, a) for k, a in self.adaptive.items()}
         self.gains = {k: 1.0 for k in opts}
         self.estimates: Dict[str, Optional[dict]] = {}
         self.lr, self.lrs = None, {}
