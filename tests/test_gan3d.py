@@ -2,6 +2,7 @@
 import json
 import math
 import os
+import re
 import sys
 
 import h5py
@@ -292,6 +293,9 @@ def test_gan_training_with_validation_and_validate_cli(showers_dir, tmp_path):
     assert proc.returncode == 0, proc.stderr
     result = json.load(open(tmp_path / "val" / "validation.json"))
     assert result["events"] == 60 and result["score"] > 0
+    # the verdict says how far the (barely trained) generator is, in floors
+    verdict = next(l for l in proc.stdout.splitlines() if "the project's score:" in l)
+    assert re.search(r"score [\d.e+]+x the MC floor", verdict), proc.stdout
     assert {"moments", "profiles", "angle", "sampling_fraction_mc", "reference_metric",
             "reference_angle", "sampling_fraction_mre_error"} <= set(result)
     assert (tmp_path / "val" / "profiles.png").stat().st_size > 10000

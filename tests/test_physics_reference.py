@@ -148,6 +148,7 @@ def test_validate_generated_second_sample_and_json(showers_dir, tmp_path):
     # 32 validation events per classifier run: 0.5 within its noise
     assert same["auc_high"] == pytest.approx(0.5, abs=0.2) and same["fpd"] < 1e-6
     assert "fpd" in proc.stdout and "auc_high" in proc.stdout
+    assert "verdict (lower is better" in proc.stdout and "score at the MC floor" in proc.stdout
     assert same["auc_low_events"] == 30 and 0 <= same["auc_low"] <= 1 and same["auc_low_floor"]
     # a second, independent MC sample, each event with its own conditioning: paired by (E, θ)
     # as the floor is (paired by order, it scored 6.7 x the floor)
@@ -161,6 +162,8 @@ def test_validate_generated_second_sample_and_json(showers_dir, tmp_path):
     result = json.load(open(tmp_path / "other.json"))
     assert 0 < result["sampling_fraction_mre"] < 0.2 and result["reference_metric"] > 0
     assert result["score_ratio"] < 2, result
+    # the verdict in words: MC against MC is at the floor
+    assert "the project's score: score at the MC floor" in proc.stdout, proc.stdout
     assert result["generated_condition_mismatch"]["angle_ks_pvalue"] > 1e-3
     # showers made for other energies are refused, with the reason
     far = tmp_path / "far"

@@ -22,7 +22,9 @@ reported, each beside its MC-vs-MC floor and ratio (see ``mpilearn.calo.physics`
                          (0.5: the classifier cannot tell; --no-classifier skips it);
   auc_low                the voxel classifier's, on --voxel-events events (--full: all, on
                          the GPU where there is one).
-Writes ``validation.json`` and PNG plots into ``--output``, and the results to ``--json``.
+Writes ``validation.json`` and PNG plots into ``--output``, and the results to ``--json``, and
+ends with a verdict per metric family: "at the MC floor" where a number is within the floor's
+noise (MC against MC is), else how many times the floor (a classifier: its AUC, 0.5 = cannot tell).
 """
 from __future__ import annotations
 
@@ -199,6 +201,7 @@ def main(argv=None) -> int:
 
             atomic_write_text(args.json, json.dumps(result, indent=2))
         print(summary(result) + f"; results in {args.json or output}")
+        print("\n".join(verdicts(result)))
     return 0
 
 
@@ -242,6 +245,30 @@ def summary(result: dict) -> str:
             f"sampling_fraction_mre {result['sampling_fraction_mre']:.4f} ± "
             f"{result['sampling_fraction_mre_error']:.4f}{floor('sampling_fraction_mre')}; "
             f"{challenge()} on {result['events']} events")
+
+
+FAMILIES = (("the project's score", ("score",)),
+            ("the reference's numbers", ("reference_metric_filled", "sampling_fraction_mre")),
+            ("the CaloChallenge distances", ("fpd", "kpd", "separation_power")),
+            ("the CaloChallenge classifiers", ("auc_high", "auc_low")))
+
+
+def verdicts(result: dict) -> list:
+    """A short verdict per metric family, in the metric's own terms: "at the MC floor" where a
+    number is within the floor's noise (MC against MC is), else how many times the floor."""
+    from ..train.page import verdict
+
+    if not result.get("events"):
+        return []
+    lines = ["verdict (lower is better; 1x the MC floor = as good as the simulation):"]
+    for family, names in FAMILIES:
+        parts = [f"{name} " + verdict(result.get(name + "_ratio"), name, result[name],
+                                      result.get(name + "_floor"))
+                 for name in names if result.get(name) is not None
+                 and result.get(name + "_floor") is not None]
+        if parts:
+            lines.append(f"  {family}: " + "; ".join(parts))
+    return lines
 
 
 if __name__ == "__main__":
