@@ -83,6 +83,11 @@ $(MPICH_STAMP): $(STAMP)
 	  $$($(MPICH)/bin/python -c 'import site; print(site.getsitepackages()[0])')/mpilearn-main.pth
 	touch $@
 
+# Debian packages the tests need, as root: the package lists updated only when an install fails
+APT_INSTALL = export DEBIAN_FRONTEND=noninteractive; \
+  apt-get install -y -q --no-install-recommends $(1) >/dev/null \
+  || { apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends $(1) >/dev/null; }
+
 # A one-node SLURM for tests/test_slurm.py, and sshd for the MPIJob test (tests/test_mpijob.py)
 # (Debian packages; needs root). Without root those tests skip and say so loudly.
 SLURM_PKGS := slurm-wlm munge libpmix-dev iproute2 openssh-server
@@ -92,9 +97,7 @@ slurm-packages:
 	   && [ -x /usr/sbin/sshd ]; then :; \
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	  echo "installing $(SLURM_PKGS) for the SLURM tests"; \
-	  export DEBIAN_FRONTEND=noninteractive; \
-	  apt-get install -y -q --no-install-recommends $(SLURM_PKGS) >/dev/null \
-	  || { apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends $(SLURM_PKGS) >/dev/null; }; \
+	  $(call APT_INSTALL,$(SLURM_PKGS)); \
 	else \
 	  echo "*** not root: cannot install $(SLURM_PKGS); the SLURM tests will be SKIPPED ***"; \
 	fi
@@ -107,9 +110,7 @@ browser-packages:
 	@if command -v chromium >/dev/null && command -v chromedriver >/dev/null; then :; \
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	  echo "installing $(BROWSER_PKGS) for the report page's browser test"; \
-	  export DEBIAN_FRONTEND=noninteractive; \
-	  apt-get install -y -q --no-install-recommends $(BROWSER_PKGS) >/dev/null \
-	  || { apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends $(BROWSER_PKGS) >/dev/null; }; \
+	  $(call APT_INSTALL,$(BROWSER_PKGS)); \
 	else \
 	  echo "*** not root: cannot install $(BROWSER_PKGS); the report page's browser test will be SKIPPED ***"; \
 	fi

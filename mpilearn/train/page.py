@@ -111,9 +111,14 @@ class Page:
             f"<h1>{esc(self.title)}</h1>\n" + "\n".join(self.parts) + "\n</body></html>\n"))
 
 
-def config_text(run_dir: str) -> Optional[str]:
-    path = os.path.join(run_dir, "config.yaml")
-    return open(path).read() if os.path.exists(path) else None
+def finish(page: Page, run_dir: str) -> str:
+    """The run's config last, then the page into ``RUN/index.html``; returns its path."""
+    page.heading("Config")
+    config = os.path.join(run_dir, "config.yaml")
+    page.pre(open(config).read() if os.path.exists(config) else "(no config.yaml)")
+    path = os.path.join(run_dir, "index.html")
+    page.write(path)
+    return path
 
 
 def physics_rows(physics: dict) -> List[list]:
@@ -227,12 +232,7 @@ def run_page(run_dir: str, summary: dict, records: List[dict], lines: List[str],
     else:
         page.para("Not measured in this run (no noise_scale in metrics.jsonl).", "note")
 
-    page.heading("Config")
-    text = config_text(run_dir)
-    page.pre(text if text is not None else "(no config.yaml)")
-    path = os.path.join(run_dir, "index.html")
-    page.write(path)
-    return path
+    return finish(page, run_dir)
 
 
 def sweep_page(run_dir: str, summary: dict, rows: List[dict], names: List[str],
@@ -248,9 +248,4 @@ def sweep_page(run_dir: str, summary: dict, rows: List[dict], names: List[str],
                 + [r["params"].get(n) for n in names] for r in rows])
     page.heading("Plots")
     page.figures(sorted(glob.glob(os.path.join(run_dir, "report", "*.png"))))
-    page.heading("Config")
-    text = config_text(run_dir)
-    page.pre(text if text is not None else "(no config.yaml)")
-    path = os.path.join(run_dir, "index.html")
-    page.write(path)
-    return path
+    return finish(page, run_dir)
