@@ -7,7 +7,7 @@ Writes ``generator.onnx`` (ONNX, for ONNX Runtime, e.g. from a C++ Geant4 fast-s
 hook) and ``generator.pt2`` (a ``torch.export`` program: ``torch.export.load(path).module()``),
 both with a dynamic batch dimension, and checks the ONNX file in ONNX Runtime against PyTorch
 at two batch sizes. The post-processing is inside the graph: the output is cell energies in
-GeV. Inputs and output (see ``runs.ShowerModel`` and README "Fast simulation"):
+GeV. Inputs and output (see ``runs.ShowerModel`` and docs/guide/fastsim.md):
 
     noise      float32 (N, 254) standard normal (fixed model: (N, 200))
     energy     float32 (N,)     primary energy / 100 GeV

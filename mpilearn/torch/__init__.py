@@ -7,7 +7,7 @@
     hvd.broadcast_optimizer_state(opt, root_rank=0)
 
 Beyond Horovod, every call takes an optional ``comm=`` (an mpi4py communicator), so the same
-code runs inside an HPO block; the porting guide in the README lists the few differences.
+code runs inside an HPO block; the porting guide (docs/guide/horovod.md) lists the few differences.
 """
 from .autograd import (allgather, allgather_async, allreduce, alltoall, alltoall_async,
                        grouped_allgather, grouped_allgather_async, grouped_allreduce,

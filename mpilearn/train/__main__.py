@@ -111,7 +111,7 @@ def run(args, make_config, after=None) -> int:
         before_start(ctx.comm)
         config = make_config(ctx)
         # an elastic run: a rank lost from here on ends start-up with one line and exit 75
-        # (its in-memory cover begins with the first snapshot; README "Elastic training")
+        # (its in-memory cover begins with the first snapshot; docs/guide/elastic.md)
         elastic.join(ctx, config)
         if args.resume and not (args.output or config["output"]):
             raise UsageError("--resume needs the run directory: --output DIR")
