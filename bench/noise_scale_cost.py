@@ -26,6 +26,13 @@ sys.path.insert(0, os.path.join(REPO, "models"))
 from common import RESULTS, write  # noqa: E402
 
 
+def cpu_name() -> str:
+    for line in open("/proc/cpuinfo"):
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return "unknown"
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("out", nargs="?", default=os.path.join(RESULTS, "noise_scale_cost"))
@@ -89,7 +96,7 @@ def main():
     data_out = {"np": size, "preset": args.preset, "batch": args.batch, "steps": args.steps,
                 "rounds": args.rounds, "median_step_s": {"with": med[True], "without": med[False]},
                 "cost": cost, "cost_per_round": per_round, "estimates": est,
-                "cpu": open("/proc/cpuinfo").read().split("model name")[1].split("\n")[0].strip(": ")}
+                "cpu": cpu_name()}
     md = [f"3DGAN {args.preset} preset, np = {size}, {args.batch} events per rank per step, "
           f"{args.rounds} interleaved rounds of {args.steps} steps each way; CPU: {data_out['cpu']}", "",
           "| median step with the noise scale (s) | without (s) | cost | per-round costs (min .. max) | target <= 1 % |",

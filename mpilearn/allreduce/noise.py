@@ -105,10 +105,10 @@ class NoiseScale:
             buf = bucket.buffer
             w = self._weights(bucket)
             self._pre[id(bucket)] = w
-            sq = buf.square()
-            self._local.append(torch.stack([sq.sum(), (sq * w).sum() if w is not None
-                                            else torch.full((), float("nan"), dtype=buf.dtype,
-                                                            device=buf.device)]))
+            self._local.append(torch.stack([torch.dot(buf, buf), torch.dot(buf, buf * w)
+                                            if w is not None else
+                                            torch.full((), float("nan"), dtype=buf.dtype,
+                                                       device=buf.device)]))
 
     def local_sums(self) -> Optional[torch.Tensor]:
         """This rank's two sums over its buckets, to be summed over the ranks (or None)."""
@@ -127,10 +127,10 @@ class NoiseScale:
             return
         with torch.no_grad():
             dev = summed.device
-            big = sum(b.buffer.double().square().sum() for b in buckets)
+            big = sum(torch.dot(b.buffer, b.buffer).double() for b in buckets)
             pres = [self._pre.get(id(b)) for b in buckets]
             nan = torch.full((), float("nan"), dtype=torch.float64, device=dev)
-            big_p = (sum((b.buffer.double().square() * w).sum() for b, w in zip(buckets, pres))
+            big_p = (sum(torch.dot(b.buffer, b.buffer * w).double() for b, w in zip(buckets, pres))
                      if all(w is not None for w in pres) else nan)
             self.records.append(torch.stack([torch.full((), float(size), dtype=torch.float64,
                                                         device=dev), summed[0], summed[1],
