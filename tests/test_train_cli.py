@@ -44,6 +44,7 @@ def test_run_directory_contents(toy_files, tmp_path):
     assert proc.returncode == 0, proc.stderr
     config = yaml.safe_load(open(out / "config.yaml"))
     assert config["train"]["epochs"] == 2 and config["model"] == MLP
+    assert config["output"] == str(out)  # where the run went, also when --output said it
     lines = [json.loads(l) for l in open(out / "metrics.jsonl")]
     assert len(lines) == 2
     for rec in lines:

@@ -75,8 +75,9 @@ def check_run_dir(path: str, config: dict, resume, overwrite: bool, force: bool)
     if not resume:
         raise UsageError(f"--output {path} already holds a run ({', '.join(present)}): continue "
                          "it with --resume (or --resume auto), or replace it with --overwrite")
-    return compare_saved(os.path.join(path, "config.yaml"), config, SAFE_ON_RESUME, force,
-                         "what is trained")
+    # config.yaml holds the run directory it was written in (the config's output may be '')
+    return compare_saved(os.path.join(path, "config.yaml"), dict(config, output=path),
+                         SAFE_ON_RESUME, force, "what is trained")
 
 
 def compare_saved(saved: str, config: dict, safe: set, force: bool, what: str) -> list:

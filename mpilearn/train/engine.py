@@ -133,7 +133,7 @@ class Trainer:
         # the run's identity, written once every check passed (a refused --resume --force
         # leaves the saved config as it was)
         if writer:
-            dump(config, os.path.join(self.output, "config.yaml"))
+            dump(dict(config, output=self.output), os.path.join(self.output, "config.yaml"))
 
     def _make_elastic(self, settings: dict) -> None:
         """The membership every holder of the communicator follows (the one ``train``'s main
