@@ -70,6 +70,20 @@ def test_resume_refuses_changes_to_what_the_trials_are_and_keeps_every_accepted_
     assert [e["config"] for e in events if e["event"] == "started"] == [1, 1, 2, 2, 3]
 
 
+def test_a_trials_wall_time_with_sequential_folds_is_theirs_summed(tmp_path):
+    out = tmp_path / "sweep"
+    cfg = {"output": str(out),
+           "search": {"searcher": "random", "budget": 1, "blocks": 1, "folds": 3,
+                      "fold_mode": "sequential",
+                      "objective": {"function": "objectives:slow_quadratic"},
+                      "space": {"x": {"type": "real", "low": 0, "high": 1}}}}
+    assert optimize(write(tmp_path / "hpo.yaml", cfg)).returncode == 0
+    done = [e for e in read_jsonl(str(out / "journal.jsonl")) if e["event"] == "done"]
+    walls = [f["wall"] for f in done[0]["folds"]]
+    assert len(walls) == 3 and min(walls) >= 0.4  # each fold sleeps 0.4 s
+    assert done[0]["wall"] == sum(walls)  # not the first fold's, nor the longest's
+
+
 def test_wall_time_counts_every_session_of_an_interrupted_trial(toy_file, tmp_path):
     out = tmp_path / "sweep"
     cfg = {"model": f"{TESTS}/models/slow.py", "hparams": {"sleep": 0.1},

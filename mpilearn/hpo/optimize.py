@@ -270,7 +270,9 @@ def serve_trials(config, role, world, info, obj, block_comm, fold_comm, ctx, my_
         gathered = block_comm.gather(folds if fold_comm.Get_rank() == 0 else [], root=0)
         if role.block_rank == 0:
             flat = sorted((f for part in gathered for f in part), key=lambda f: f["fold"])
-            result = {"folds": flat, "wall": max(f["wall"] for f in flat)}
+            walls = [f["wall"] for f in flat]  # folds one after another, or side by side
+            result = {"folds": flat,
+                      "wall": sum(walls) if s["fold_mode"] == "sequential" else max(walls)}
 
 
 def _reporter(world, fold_comm, obj, key, fold):
