@@ -60,10 +60,11 @@ def test_noise_scale_matches_the_closed_form(gaussian, tmp_path, np_, batch):
     assert f"at {batch} per rank" in line[0] and str(useful) in line[0]
 
 
-@pytest.mark.parametrize("api", ["torch", "keras"])
-def test_the_horovod_apis_expose_it(api):
+@pytest.mark.parametrize("api,backend", [("torch", "torch"), ("keras", "torch"),
+                                         ("keras", "tensorflow")])  # its compiled fit()
+def test_the_horovod_apis_expose_it(api, backend):
     proc = mpirun(2, [f"{TESTS}/scripts/noise_scale_api.py", api],
-                  env={"TF_CPP_MIN_LOG_LEVEL": "2", "KERAS_BACKEND": "torch"})
+                  env={"TF_CPP_MIN_LOG_LEVEL": "2", "KERAS_BACKEND": backend})
     assert proc.returncode == 0, proc.stdout + proc.stderr
     est = json.loads(proc.stdout.strip().splitlines()[-1])
     a2 = float((np.random.default_rng(5).normal(size=D) ** 2).sum())
