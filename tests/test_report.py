@@ -55,8 +55,14 @@ def test_a_runs_physics_plot_takes_every_metric_with_a_floor(tmp_path):
     records[1].pop("fpd")  # validated every other epoch: the gap is left out
     assert floored_metrics(records) == ["fpd", "kpd", "score"]
     skipped = plots(str(tmp_path), records, {"in_epochs": {"cpu": 0.03}, "launched": None})
-    assert skipped == {}
-    for png in ("losses.png", "physics.png", "throughput.png", "cost.png"):
+    assert skipped == {"noise_scale.png": skipped["noise_scale.png"]}  # none measured: said so
+    assert "train.noise_scale" in skipped["noise_scale.png"]
+    for r in records:  # the noise scale of each optimizer, as the engine logs it
+        r["noise_scale"] = {d: {"b_simple": 40.0 * r["epoch"], "b_simple_err": 5.0,
+                                "b_pre": 20.0 * r["epoch"], "b_pre_err": 3.0,
+                                "global_batch": 32} for d in ("generator", "discriminator")}
+    assert plots(str(tmp_path), records, {"in_epochs": {"cpu": 0.03}, "launched": None}) == {}
+    for png in ("losses.png", "physics.png", "throughput.png", "cost.png", "noise_scale.png"):
         assert (tmp_path / png).stat().st_size > 5000
     skipped = plots(str(tmp_path), [{k: v for k, v in r.items() if "floor" not in k}
                                     for r in records], {"in_epochs": {}, "launched": None})

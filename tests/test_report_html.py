@@ -75,7 +75,7 @@ def test_a_toy_runs_page_shows_its_config_plots_cost_restarts_and_noise_scale(br
     assert f"page: {run / 'index.html'}" in proc.stdout
     text, images = open_page(browser, run / "index.html")
     assert {src for src, _, _ in images} >= {"report/losses.png", "report/cost.png",
-                                             "report/throughput.png"}
+                                             "report/throughput.png", "report/noise_scale.png"}
     for expected in ("Physics against the MC-vs-MC floor", "No physics numbers",
                      "2 launch(es): 1 restart(s)", "1 membership change(s)", "lost [1]",
                      "b_simple", "a_new_key", "critical_batch", "model: models/mlp.py",

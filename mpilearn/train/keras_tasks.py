@@ -49,7 +49,7 @@ class KerasTask(Task):
                 opt.build(self._variables_of(name))
             mkeras.broadcast_variables(opt.variables, 0, comm)
             if distributed:
-                mkeras.DistributedOptimizer(opt, comm=comm)
+                mkeras.DistributedOptimizer(opt, comm=comm, noise_scale=self.noise_scale)
                 opt._mpilearn_guard = True  # the engine's tasks stop on non-finite gradients
         self._first_streams = self.rng_state()  # rank 0's, as every rank now has them
 

@@ -188,7 +188,8 @@ def run_page(run_dir: str, summary: dict, records: List[dict], lines: List[str],
 
     page.heading("Plots")
     report_pngs = [os.path.join(run_dir, "report", n) for n in
-                   ("losses.png", "physics.png", "throughput.png", "cost.png")]
+                   ("losses.png", "physics.png", "throughput.png", "cost.png",
+                    "noise_scale.png")]
     page.figures([p for p in report_pngs if os.path.exists(p)])
     epochs = sorted(glob.glob(os.path.join(run_dir, "validation", "epoch*")))
     for i, folder in enumerate(reversed(epochs)):

@@ -11,6 +11,9 @@ its ``metrics.jsonl`` and ``launches.jsonl``, into ``RUN/report/``:
 - ``throughput.png``: samples per second, and each epoch's time split (compute, allreduce,
   data wait) summed over the ranks;
 - ``cost.png``: device-hours per epoch, and inside epochs against launched (``hpo/cost.py``);
+- ``noise_scale.png``: each optimizer's critical batch (its gradient noise scale, raw and
+  preconditioned, with its error) per epoch against the run's global batch
+  (``allreduce/noise.py``); not drawn, and said so, when the run measured none;
 
 and ``RUN/index.html``, all of it on one page with the config, the physics plots of every
 validated epoch, membership changes, restarts and the noise scale (``train/page.py``).
@@ -150,7 +153,7 @@ def plots(out: str, records: List[dict], costs: dict) -> Dict[str, str]:
             os.unlink(os.path.join(out, name))
 
     if not records:
-        for name in ("losses.png", "physics.png", "throughput.png", "cost.png"):
+        for name in ("losses.png", "physics.png", "throughput.png", "cost.png", "noise_scale.png"):
             skip(name, "no epoch records")
         return skipped
 
@@ -243,7 +246,37 @@ def plots(out: str, records: List[dict], costs: dict) -> Dict[str, str]:
     if any(left):
         ax2.legend(fontsize=8)
     save(fig, "cost.png")
+    if not noise_plot(records, plt, save):
+        skip("noise_scale.png", "no noise_scale in metrics.jsonl (measured by synchronous "
+                                "allreduce runs: train.noise_scale)")
     return skipped
+
+
+def noise_plot(records: List[dict], plt, save) -> bool:
+    """``noise_scale.png``, a panel per optimizer; False where no epoch measured one."""
+    names = sorted({k for r in records for k in (r.get("noise_scale") or {})})
+    if not names:
+        return False
+    fig, axes = plt.subplots(1, len(names), figsize=(6 * len(names), 4.2), squeeze=False)
+    for ax, name in zip(axes[0], names):
+        for key, label in (("b_simple", "raw"), ("b_pre", "preconditioned")):
+            pts = [(r["epoch"], r["noise_scale"][name]) for r in records
+                   if _number((r.get("noise_scale") or {}).get(name, {}).get(key))]
+            if pts:
+                ax.errorbar([e for e, _ in pts], [v[key] for _, v in pts],
+                            yerr=[v.get(key + "_err") or 0.0 for _, v in pts], fmt="o-", ms=4,
+                            capsize=2, label=f"{label} noise scale")
+        batches = [(r["epoch"], r["noise_scale"][name]["global_batch"]) for r in records
+                   if "global_batch" in (r.get("noise_scale") or {}).get(name, {})]
+        if batches:
+            ax.step([e for e, _ in batches], [b for _, b in batches], "k--", lw=1,
+                    where="mid", label="global batch")
+        ax.set(xlabel="epoch", ylabel="events", yscale="log",
+               title=f"{name}: critical batch (above it, ranks cost events)")
+        _epoch_ticks(ax)
+        ax.legend(fontsize=8)
+    save(fig, "noise_scale.png")
+    return True
 
 
 def _rank_mean(record: dict, part: str) -> float:
