@@ -151,9 +151,13 @@ def test_an_earlier_run_is_never_silently_overwritten(toy_files, tmp_path):
     assert changed.returncode == 2, changed.stderr
     assert "hparams.lr: (unset) -> 0.02" in changed.stderr and "--force" in changed.stderr
     assert (out / "metrics.jsonl").read_text() == before
+    # a run written before a key existed (train.noise_scale): it had its default then
+    saved = yaml.safe_load(open(out / "config.yaml"))
+    del saved["train"]["noise_scale"]
+    (out / "config.yaml").write_text(yaml.safe_dump(saved))
     longer = run(1, toy_files, out, "--set", "train.epochs=2", "--resume")  # a safe change
     assert longer.returncode == 0, longer.stderr
-    assert "resuming with a changed config: train.epochs: 1 -> 2" in longer.stdout
+    assert "resuming with a changed config: train.epochs: 1 -> 2\n" in longer.stdout
     assert [json.loads(l)["epoch"] for l in open(out / "metrics.jsonl")] == [1, 2]
     forced = run(1, toy_files, out, "--set", "train.epochs=3", "--set", "hparams.lr=0.02",
                  "--resume", "--force")

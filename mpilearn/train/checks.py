@@ -48,6 +48,8 @@ SAFE_ON_RESUME = {"output", "train.epochs", "train.max_steps_per_epoch", "train.
                   # the global batch it was trained with)
                   "train.elastic.min_ranks", "train.elastic.max_ranks", "train.elastic.batch",
                   "train.elastic.snapshot_every",
+                  # what is measured, not what is trained (gain reads it: its lr is logged)
+                  "train.noise_scale.enabled", "train.noise_scale.halves_every",
                   # an HPO fold's config carries the sweep's: these do not change its training
                   "search.budget", "search.trial_timeout", "search.enqueue", "search.warm_start",
                   "search.blocks"}
@@ -86,7 +88,7 @@ def compare_saved(saved: str, config: dict, safe: set, force: bool, what: str) -
     lists the changes accepted. Writes nothing."""
     import yaml
 
-    from ..core.config import flatten
+    from ..core.config import SCHEMA, SEARCH, flatten
 
     if not os.path.exists(saved):
         return []
@@ -97,6 +99,10 @@ def compare_saved(saved: str, config: dict, safe: set, force: bool, what: str) -
             return [f"mpilearn: --force: {saved} unreadable ({err}); not compared"]
         raise UsageError(f"--resume: {saved} cannot be read ({err}); --force skips the check")
     new = flatten(config)
+    # a key added to the schema since the run was written had its default then
+    for k, v in flatten({**SCHEMA, "search": SEARCH}).items():
+        if k not in old and new.get(k, UNSET) == v:
+            old[k] = v
     changed = sorted(k for k in set(old) | set(new) if old.get(k, UNSET) != new.get(k, UNSET))
     described = [f"{k}: {old.get(k, UNSET)!r} -> {new.get(k, UNSET)!r}" for k in changed]
     unsafe = [d for k, d in zip(changed, described) if k not in safe]
