@@ -73,3 +73,24 @@ def test_the_horovod_apis_expose_it(api, backend):
     assert est["global_batch"] == 16 and est["steps"] >= 50
     if api == "keras":  # the callback's log entry is the estimate
         assert est["logged"] == pytest.approx(est["critical_batch"])
+
+
+def test_the_preconditioned_noise_scale_matches_its_closed_form(gaussian, tmp_path):
+    """RMSprop at lr 0: its second moment settles at v_i = a_i² + Σ_ii / B (B = 16, the
+    reduced batch), Σ = (|a|² + σ²) I + a aᵀ for Gaussian inputs, and the noise scale in its
+    metric w = 1/√v is Σ w_i Σ_ii / Σ w_i a_i²; it governs RMSprop (critical_batch)."""
+    import sys
+
+    sys.path.insert(0, f"{TESTS}/models")
+    from linreg import offset
+
+    proc, records = _train(2, gaussian, tmp_path / "run", 8, "--set", "hparams.optimizer=rmsprop")
+    est = records[-1]["noise_scale"]["optimizer"]
+    a2 = offset(D, 5).numpy() ** 2
+    diag = a2.sum() + SIGMA ** 2 + a2
+    w = 1 / np.sqrt(a2 + diag / 16)
+    want = float((w * diag).sum() / (w * a2).sum())
+    assert est["b_pre"] == pytest.approx(want, rel=0.2), (est, want)
+    assert est["preconditioned"] and est["critical_batch"] == est["b_pre"]
+    assert est["b_simple"] == pytest.approx(closed_form(), rel=0.2)  # the raw one still holds
+    assert "(preconditioned" in proc.stdout

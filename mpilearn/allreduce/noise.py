@@ -49,16 +49,17 @@ def is_adaptive(optimizer) -> bool:
     return getattr(optimizer, "epsilon", None) is not None
 
 
-def preconditioner(optimizer, param) -> Optional[torch.Tensor]:
-    """1/(√v̂ + ε) for ``param`` from ``optimizer``'s state, or None (no state yet, or an
-    optimizer without a second moment)."""
+def preconditioner(optimizer, param, group: Optional[dict] = None) -> Optional[torch.Tensor]:
+    """1/(√v̂ + ε) for ``param`` (of param group ``group``, found when not given) from
+    ``optimizer``'s state, or None (no state yet, or an optimizer without a second moment)."""
     state = optimizer.state.get(param) if hasattr(optimizer, "state") else None
     if not state:
         return None
     key = next((k for k in _SECOND_MOMENTS if k in state), None)
     if key is None:
         return None
-    group = next(g for g in optimizer.param_groups if any(p is param for p in g["params"]))
+    if group is None:
+        group = next(g for g in optimizer.param_groups if any(p is param for p in g["params"]))
     v = state[key]
     if key == "exp_avg_sq":  # Adam's bias correction
         step = state.get("step", 0)
@@ -81,6 +82,7 @@ class NoiseScale:
         self._pre: dict = {}                    # bucket id -> its preconditioner (this step)
         self._half = None
         self.steps = 0                          # optimizer steps seen (the halves' cadence)
+        self._groups = {id(p): g for g in getattr(optimizer, "param_groups", ()) for p in g["params"]}
 
     # -- the reducer's hooks (every step) ---------------------------------------------
     def drop(self) -> None:
@@ -93,7 +95,7 @@ class NoiseScale:
             return None
         parts = []
         for p, view in zip(bucket.params, bucket.grad_views):
-            w = preconditioner(self.optimizer, p)
+            w = preconditioner(self.optimizer, p, self._groups.get(id(p)))
             if w is None:
                 return None
             parts.append(w.reshape(-1).to(view.dtype))
@@ -171,7 +173,8 @@ class NoiseScale:
                 whole = p.grad.double()
                 a = g1.double() if g1 is not None else torch.zeros_like(whole)
                 b = whole - a
-                w = preconditioner(self.optimizer, p) if self.optimizer is not None else None
+                w = (preconditioner(self.optimizer, p, self._groups.get(id(p)))
+                     if self.optimizer is not None else None)
                 w = w.double() if w is not None else torch.full_like(whole, float("nan"))
                 rows += torch.stack([(a.square() + b.square()).sum(),
                                      ((a.square() + b.square()) * w).sum(),
