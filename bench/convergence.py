@@ -61,7 +61,7 @@ PRESETS = {  # events, validation events, epochs, per-rank batch, physics events
     "smooth": dict(events=2048, val=512, epochs=10, batch=16, physics=256, preset="smooth",
                    classifier_every=2, rule="linear", naive=False),
 }
-METRICS = ("score_ratio", "fpd_ratio", "auc_high")  # time-to-quality is read on each
+METRICS = ("score_ratio", "fpd_sigma", "auc_high")  # time-to-quality is read on each
 
 
 RULES = ("sqrt", "linear")
@@ -173,7 +173,7 @@ def curve(records: list, events: int) -> list:
                     "seconds": round(seconds, 2), "lr": r["lr"],
                     **{k: r.get(k) for k in ("score", "score_floor", "score_ratio",
                                              "sampling_fraction_mre", "reference_metric_filled",
-                                             "fpd", "fpd_error", "fpd_ratio", "kpd_ratio",
+                                             "fpd", "fpd_error", "fpd_sigma", "kpd_sigma",
                                              "auc_high", "auc_high_error", "auc_high_floor")}})
     return out
 
@@ -207,7 +207,7 @@ def summarise(curves: dict, collapsed: dict, rule: str, cpu: dict = None) -> dic
         rows[name] = {"final_score_ratio": c[-1]["score_ratio"],
                       "final_sampling_fraction_mre": c[-1]["sampling_fraction_mre"],
                       "final_reference_metric_filled": c[-1]["reference_metric_filled"],
-                      "final_fpd_ratio": final(c, "fpd_ratio"),
+                      "final_fpd_sigma": final(c, "fpd_sigma"),
                       "final_auc_high": final(c, "auc_high"),
                       "cpu_seconds": (cpu or {}).get(name),
                       **{f"time_to_{key}": time_to(c, thresholds[key], key)
@@ -226,7 +226,7 @@ def summarise(curves: dict, collapsed: dict, rule: str, cpu: dict = None) -> dic
 
 
 LABELS = {"score_ratio": "score ratio (score / MC-vs-MC floor)",
-          "fpd_ratio": "FPD ratio (FPD / its MC-vs-MC floor or error)",
+          "fpd_sigma": "FPD distance from its MC-vs-MC floor (σ)",
           "auc_high": "high-level classifier AUC (0.5: like the MC)"}
 
 
@@ -293,15 +293,15 @@ def markdown(s: dict, args, p: dict) -> list:
     for name, message in s["collapsed"].items():
         lines.append(f"| {name} | {message} | | | | | |")
     t = s["thresholds"]
-    if t.get("fpd_ratio") is not None or t.get("auc_high") is not None:
+    if t.get("fpd_sigma") is not None or t.get("auc_high") is not None:
         lines += ["", f"The CaloChallenge metrics (thresholds, the worst final np=1 values: FPD "
-                      f"ratio {f(t['fpd_ratio'])}, AUC {f(t['auc_high'])}):", "",
-                  "| run | final FPD ratio | final high-level AUC | time to FPD threshold (s) | "
+                      f"σ {f(t['fpd_sigma'])}, AUC {f(t['auc_high'])}):", "",
+                  "| run | final FPD (σ from its floor) | final high-level AUC | time to FPD threshold (s) | "
                   "time to AUC threshold (s) | CPU-minutes |", "|---|---|---|---|---|---|"]
         for name, r in s["rows"].items():
             cpu = r.get("cpu_seconds")
-            lines.append(f"| {name} | {f(r['final_fpd_ratio'])} | {f(r['final_auc_high'])} | "
-                         f"{reached(r['time_to_fpd_ratio'])} | {reached(r['time_to_auc_high'])} | "
+            lines.append(f"| {name} | {f(r['final_fpd_sigma'])} | {f(r['final_auc_high'])} | "
+                         f"{reached(r['time_to_fpd_sigma'])} | {reached(r['time_to_auc_high'])} | "
                          f"{f(cpu / 60 if cpu else None, '.1f')} |")
     lines += ["", f"np=1 final score ratio: mean {s['np1_mean']:.3f}, range "
                   f"{s['np1_spread'][0]:.3f}-{s['np1_spread'][1]:.3f} (band ±{s['band']:.3f}: the "
@@ -319,10 +319,10 @@ def partial_markdown(curves: dict, cpu: dict, collapsed: dict) -> list:
     lines = []
     for name, c in curves.items():
         lines += [f"{name} ({f(cpu.get(name, 0) / 60, '.1f')} CPU-minutes in all):", "",
-                  "| epoch | events seen | train s | score ratio | FPD (ratio) | AUC high | "
+                  "| epoch | events seen | train s | score ratio | FPD (σ from its floor) | AUC high | "
                   "sampling_fraction_mre |", "|---|---|---|---|---|---|---|"]
         lines += [f"| {pt['epoch']} | {pt['events_seen']} | {pt['seconds']:.0f} | "
-                  f"{f(pt['score_ratio'])} | {f(pt['fpd'])} ({f(pt['fpd_ratio'])}) | "
+                  f"{f(pt['score_ratio'])} | {f(pt['fpd'])} ({f(pt.get('fpd_sigma'))}) | "
                   f"{f(pt['auc_high'])} | {f(pt['sampling_fraction_mre'])} |" for pt in c]
         lines.append("")
     lines += [f"{name}: {message}" for name, message in collapsed.items()]

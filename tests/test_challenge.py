@@ -76,8 +76,16 @@ def test_validate_reports_each_challenge_number_beside_its_floor(samples):
     (first, second), (_, wrong) = samples
     got, _ = physics.with_floor(physics.score(first, wrong, classifier=True, seeds=2), first,
                                 second, classifier=True, seeds=2)
-    for name in ("fpd", "kpd", "separation_power", "auc_high"):
+    for name in ("separation_power", "auc_high"):
         assert got[f"{name}_floor"] is not None and got[f"{name}_ratio"] > 1.5, (name, got)
+    # a floor 0 within its error: the distance from it in σ, never a ratio to it
+    for name in ("fpd", "kpd"):
+        assert got[f"{name}_floor_error"] > 0 and f"{name}_ratio" not in got, (name, got)
+        assert got[f"{name}_sigma"] == pytest.approx(
+            (got[name] - got[f"{name}_floor"])
+            / math.hypot(got[f"{name}_error"], got[f"{name}_floor_error"]))
+    # 600 events a side: FPD's error (its fit's, and slope / N) is the limit (1.6 σ here)
+    assert got["fpd_sigma"] > 1 and got["kpd_sigma"] > 1, got
     assert got["separation_power_features"]["centre_x"]["floor"] > 0
 
 
@@ -90,23 +98,29 @@ def test_one_name_everywhere_and_a_short_line():
                                      "moments", "events")] == [
         "sampling_fraction_mre_ratio", "fpd_error", "auc_high", "physics_moments", "physics_events"]
     result = {"score": 0.41234, "score_ratio": 3.2, "sampling_fraction_mre": 0.05,
-              "sampling_fraction_mre_ratio": 2.0, "fpd": 0.012, "fpd_ratio": 12.5, "kpd": 0.001,
-              "kpd_ratio": None, "moments": 0.1, "profiles": 0.2, "reference_metric": 7.0}
+              "sampling_fraction_mre_ratio": 2.0, "fpd": 83.45, "fpd_sigma": 3712.0,
+              "fpd_floor": 0.0, "fpd_floor_error": 0.022, "kpd": 0.001, "kpd_sigma": None,
+              "moments": 0.1, "profiles": 0.2, "reference_metric": 7.0}
     line = GANProtocol.test_summary(result)
     assert line == ("score 0.4123 (3.2x floor), sampling_fraction_mre 0.05 (2x floor), "
-                    "fpd 0.012 (12.5x floor), kpd 0.001")
+                    "fpd 83.45 (3 700 σ; MC floor 0.0000 ± 0.022), kpd 0.001")
     assert short_line(result) == line
+    # validate's lines say the same
+    from mpilearn.calo.validate import sigma_verdict
+
+    assert sigma_verdict(result, "fpd") == "3 700 σ above the MC floor 0.0000 ± 0.022 (far off)"
+    assert sigma_verdict({**result, "fpd_sigma": 1.25}, "fpd") == \
+        "at the MC floor (1.2 σ from 0.0000 ± 0.022)"
 
 
-def test_a_kpd_below_zero_gives_a_ratio_of_sizes_never_a_negative_one():
-    floor = {"kpd": 0.002, "kpd_error": 0.001, "fpd": -0.0, "fpd_error": 0.004, "score": 0.1}
-    # KPD's unbiased estimate below 0: its error over the floor's size
-    assert physics.floor_ratio("kpd", {"kpd": -0.003, "kpd_error": 0.004}, floor) == \
-        pytest.approx(2.0)
-    assert physics.floor_ratio("kpd", {"kpd": 0.01, "kpd_error": 0.001}, floor) == \
-        pytest.approx(5.0)
-    # a floor of 0 within its error: the error is the scale
-    assert physics.floor_ratio("fpd", {"fpd": 0.02, "fpd_error": 0.001}, floor) == \
-        pytest.approx(5.0)
+def test_a_floor_zero_within_its_error_gives_a_distance_in_sigma_never_a_ratio():
+    floor = {"kpd": 0.002, "kpd_error": 0.003, "fpd": -0.0, "fpd_error": 0.004, "score": 0.1}
+    # (value - floor) / sqrt(error^2 + floor_error^2); KPD's unbiased estimate can be below 0
+    assert physics.floor_sigma("kpd", {"kpd": -0.002, "kpd_error": 0.004}, floor) == \
+        pytest.approx(-0.8)
+    assert physics.floor_sigma("fpd", {"fpd": 0.015, "fpd_error": 0.003}, floor) == \
+        pytest.approx(3.0)
+    assert physics.floor_ratio("fpd", {"fpd": 0.015}, floor) is None
     assert physics.floor_ratio("score", {"score": 0.3}, floor) == pytest.approx(3.0)
-    assert physics.floor_ratio("kpd", {"kpd": None}, floor) is None
+    assert physics.floor_sigma("kpd", {"kpd": None}, floor) is None
+    assert physics.floor_sigma("kpd", {"kpd": 0.01}, floor) is None   # no error: no σ

@@ -87,7 +87,7 @@ def test_test_json_has_the_physics_numbers_on_the_test_files(tiny_run, showers_d
     assert np.isfinite(test["test_reference_metric_filled"])
     assert np.isfinite(test["test_sampling_fraction_mre"]) and "test_d_loss" in test
     # the CaloChallenge's numbers beside their floors, the classifier's too
-    assert test["test_fpd_floor"] is not None and test["test_kpd_ratio"] is not None
+    assert test["test_fpd_floor"] is not None and test["test_kpd_sigma"] is not None
     assert 0 <= test["test_auc_high"] <= 1 and test["test_auc_high_floor"] is not None
     assert (tiny_run / "validation" / "test" / "profiles.png").exists()
 

@@ -203,8 +203,9 @@ def test_every_number_is_a_metric_an_hpo_objective_can_name():
     angle = logged_metrics(gan3d.build({"preset": "small"}), config)
     assert {"score", "reference_metric", "sampling_fraction_mre", "physics_reference_angle",
             "physics_reference_moments", "physics_angle", "sampling_fraction_mre_error",
-            "sampling_fraction_mre_ratio", "fpd", "fpd_ratio", "kpd", "separation_power_ratio"
+            "sampling_fraction_mre_ratio", "fpd", "fpd_sigma", "kpd_sigma", "separation_power_ratio"
             } <= angle
+    assert not {"fpd_ratio", "kpd_ratio"} & angle   # a floor 0 within its error: σ, no ratio
     assert "auc_high" not in angle   # the classifier runs only with train.classifier_every
     fixed = logged_metrics(gan3d.build({"variant": "fixed"}), config)
     assert "reference_metric" in fixed and not {"physics_angle", "physics_reference_angle"} & fixed

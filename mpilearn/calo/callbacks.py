@@ -5,16 +5,17 @@ from __future__ import annotations
 import os
 
 from ..train.callbacks import Callback
-from .physics import FLOORED, validate_task
+from .physics import FLOORED, SIGMA, beside_floor, validate_task
 
 # every number with an MC-vs-MC floor is logged under validate's own name (``FLOORED``, and
-# its _floor, _ratio, _error, _floor_error), so that one name serves validate's JSON, the epoch
-# record, best-checkpoint monitors and HPO objectives; the terms and per-bin values as physics_*
+# its _floor, _error, _floor_error and _ratio, or _sigma for a floor 0 within its error:
+# ``physics.SIGMA``), so that one name serves validate's JSON, the epoch record,
+# best-checkpoint monitors and HPO objectives; the terms and per-bin values as physics_*
 FLOORED_NAMES = tuple(f"{n}{s}" for n in FLOORED
-                      for s in ("", "_floor", "_ratio", "_error", "_floor_error"))
+                      for s in ("", "_floor", beside_floor(n), "_error", "_floor_error"))
 HEADLINE_PHYSICS = ("score", "reference_metric", "reference_metric_filled",
                     "sampling_fraction_mre", "fpd", "kpd", "separation_power", "auc_high")
-# the epoch line shows these with their floor ratios (the full record is in metrics.jsonl)
+# the epoch line shows these beside their floors (``beside``; the full record is in metrics.jsonl)
 SHOWN = ("score", "sampling_fraction_mre", "fpd", "kpd", "auc_high")
 LOWER_IS_BETTER = {n: "min" for n in FLOORED_NAMES if not n.endswith("error")}
 
@@ -26,18 +27,46 @@ def record_name(key: str) -> str:
     return key if key in FLOORED_NAMES or key == "reference_metric" else f"physics_{key}"
 
 
+def sigmas(value: float) -> str:
+    """A distance in standard deviations: ``0.8 σ``, ``12 σ``, ``3 700 σ``."""
+    if abs(value) < 10:
+        return f"{value:.1f} σ"
+    digits = max(0, len(str(int(abs(value)))) - 2)   # two significant digits, grouped
+    return f"{round(value, -digits):,.0f}".replace(",", " ") + " σ"
+
+
+def plus_minus(value: float, error) -> str:
+    """``0.0000 ± 0.022``: the value to four decimals (two significant digits below 0.001)."""
+    if error is None:
+        return f"{value:.4g}"
+    if abs(error) >= 1e-3 or error == 0:
+        return f"{value:.4f} ± {error:.2g}"
+    return f"{value:.2g} ± {error:.2g}"
+
+
+def beside(record: dict, name: str) -> str:
+    """How ``record[name]`` compares with its MC-vs-MC floor, in the words used everywhere:
+    ``3 700 σ; MC floor 0.0000 ± 0.022`` where the floor is 0 within its error (FPD, KPD),
+    ``3.2x floor`` where it is a number; '' without a floor."""
+    if name in SIGMA:
+        sigma, floor = record.get(f"{name}_sigma"), record.get(f"{name}_floor")
+        if sigma is None or floor is None:
+            return ""
+        return f"{sigmas(sigma)}; MC floor {plus_minus(floor, record.get(name + '_floor_error'))}"
+    ratio = record.get(f"{name}_ratio")
+    return "" if ratio is None else f"{ratio:.3g}x floor"
+
+
 def short_line(record: dict, names=SHOWN) -> str:
-    """``name value (ratio x floor)`` for the headline numbers present in ``record``."""
+    """``name value (ratio x floor)``, or ``name value (N σ; MC floor F ± E)``, for the
+    headline numbers present in ``record``."""
     parts = []
     for name in names:
         value = record.get(name)
         if value is None:
             continue
-        text = f"{name} {value:.4g}"
-        ratio = record.get(f"{name}_ratio")
-        if ratio is not None:
-            text += f" ({ratio:.3g}x floor)"
-        parts.append(text)
+        text = beside(record, name)
+        parts.append(f"{name} {value:.4g}" + (f" ({text})" if text else ""))
     return ", ".join(parts)
 
 
@@ -45,7 +74,7 @@ class PhysicsValidation(Callback):
     """Generated against held-out showers every ``train.validate_every`` epochs (GAN tasks):
     the project's score, the reference metric (exact, and over the cells the MC fills), the
     sampling-fraction MRE and the CaloChallenge's FPD, KPD and separation power, each beside
-    its MC-vs-MC floor and their ratio; the high-level classifier AUC every
+    its MC-vs-MC floor and their ratio (FPD, KPD: the distance from it in σ); the high-level classifier AUC every
     ``train.classifier_every`` validated epochs (0: never; it trains 2 x 5 small MLPs); plots
     in ``RUN/validation/epochNNNN``."""
 

@@ -16,6 +16,10 @@ Each headline number has its MC-vs-MC floor beside it (``FLOORED``): the same me
 two disjoint MC halves of the same size, paired by their conditions (``pair_by_conditions``),
 as ``<name>_floor``, and ``<name>_ratio`` = number / floor, where 1 is as good as the MC itself.
 The generator is scored on the first half, so both numbers come from samples of one size.
+FPD and KPD (``SIGMA``) have a floor of 0 within its error: no ratio to it is taken, and
+``<name>_sigma`` is the distance from the floor in standard deviations,
+(number - floor) / sqrt(error^2 + floor_error^2), printed with the floor and its error
+(``fpd 83.45 (3 700 σ; MC floor 0.0000 ± 0.022)``).
 
 Beside it, ``mpilearn.calo.reference`` computes the reference analysis's own metric and
 sampling-fraction MRE on the reference's event selection, exactly as its code does.
@@ -34,12 +38,20 @@ from .reference import (HIT_THRESHOLD, SPARSITY_EXPONENTS, SPECTRUM_BINS, index_
 
 ENERGY_BINS = 4
 # the numbers reported beside their MC-vs-MC floor, under these names everywhere (validate's
-# JSON, the epoch records, monitors and HPO objectives), with _floor, _ratio and _error
+# JSON, the epoch records, monitors and HPO objectives), with _floor, _error and _ratio (or
+# _sigma)
 FLOORED = ("score", "reference_metric_filled", "sampling_fraction_mre", "fpd", "kpd",
            "separation_power", "auc_high")
-# the distances whose value can be 0 (KPD: below 0) within its error: their ratio is taken
-# between sizes or errors, whichever is larger, so it is never negative
-RATIO_TO_ERROR = ("fpd", "kpd")
+# the distances whose MC-vs-MC floor is 0 within its error (KPD's can be below 0): a ratio to
+# that floor means nothing, so they are reported as a distance from it in standard deviations,
+# ``<name>_sigma`` = (value - floor) / sqrt(error^2 + floor_error^2), beside the floor and its
+# error (``<name>_floor_error``); the others as ``<name>_ratio`` = value / floor ("x floor")
+SIGMA = ("fpd", "kpd")
+
+
+def beside_floor(name: str) -> str:
+    """The suffix of ``name``'s comparison with its floor: ``_sigma`` or ``_ratio``."""
+    return "_sigma" if name in SIGMA else "_ratio"
 
 
 def features(images_gev: np.ndarray, energy_gev: np.ndarray, condition_angle=None,
@@ -201,31 +213,45 @@ def pair_by_conditions(a: Dict[str, np.ndarray], b: Dict[str, np.ndarray]):
 
 
 def floor_ratio(name: str, result: dict, floor: dict) -> Optional[float]:
-    """``result[name]`` over ``floor[name]``; for ``RATIO_TO_ERROR`` each side is its size or
-    its error, whichever is larger (KPD's unbiased estimate can be below 0: the ratio is not)."""
+    """``result[name]`` over ``floor[name]``, for a floor that is a number (not ``SIGMA``'s)."""
     value, base = result.get(name), floor.get(name)
-    if name in RATIO_TO_ERROR and value is not None and base is not None:
-        value = max(abs(value), result.get(f"{name}_error") or 0.0)
-        base = max(abs(base), floor.get(f"{name}_error") or 0.0)
-    ok = value is not None and base is not None and np.isfinite(base) and base > 0
+    ok = (name not in SIGMA and value is not None and base is not None and np.isfinite(base)
+          and base > 0)
     return float(value / base) if ok else None
+
+
+def floor_sigma(name: str, result: dict, floor: dict) -> Optional[float]:
+    """(value - floor) / sqrt(error^2 + floor_error^2): how many standard deviations
+    ``result[name]`` lies above its MC-vs-MC floor (below 0: under it); None without a value,
+    a floor or an error."""
+    value, base = result.get(name), floor.get(name)
+    errors = [result.get(f"{name}_error"), floor.get(f"{name}_error")]
+    if value is None or base is None or any(e is None or not np.isfinite(e) for e in errors):
+        return None
+    scale = float(np.hypot(*errors))
+    if scale > 0:
+        return float((value - base) / scale)
+    return 0.0 if value == base else None
 
 
 def with_floor(result: dict, mc: Dict[str, np.ndarray], mc_other: Dict[str, np.ndarray],
                with_angle: bool = True, classifier: bool = False, seeds: int = 5):
     """``result`` (``score(mc, gan)``) with each ``FLOORED`` number's ``_floor`` (``mc``
-    against the disjoint ``mc_other``) and ``_ratio``; returns (result, the second half's
-    features paired with ``mc``, or None)."""
+    against the disjoint ``mc_other``) and ``_ratio`` (``SIGMA``'s: ``_floor_error`` and
+    ``_sigma``); returns (result, the second half's features paired with ``mc``, or None)."""
     if not mc_other or not len(mc_other.get("energy", ())):
-        result.update({f"{k}_{s}": None for k in FLOORED for s in ("floor", "ratio")})
+        result.update({f"{k}{s}": None for k in FLOORED for s in ("_floor", beside_floor(k))})
         return result, None
     first, second = pair_by_conditions(mc, mc_other)
     floor = score(first, second, with_angle, classifier, seeds)
     for name in FLOORED:
         result[f"{name}_floor"] = floor.get(name)
-        if name in RATIO_TO_ERROR or name == "auc_high":
+        if name in SIGMA or name == "auc_high":
             result[f"{name}_floor_error"] = floor.get(f"{name}_error")
-        result[f"{name}_ratio"] = floor_ratio(name, result, floor)
+        if name in SIGMA:
+            result[f"{name}_sigma"] = floor_sigma(name, result, floor)
+        else:
+            result[f"{name}_ratio"] = floor_ratio(name, result, floor)
     if "separation_power_features" in floor:   # each feature's value beside its floor
         result["separation_power_features"] = {
             k: {"value": v, "floor": floor["separation_power_features"][k]}

@@ -9,7 +9,7 @@ For every MC event, one shower is generated from the checkpoint with the same (E
 or a second MC sample), each carrying its own conditioning (energy, and the angle key for the
 angle model): they are paired with the MC by (E, θ), as the floor's second MC half is, and
 refused when made for other conditions. The §4b observables are compared, and these numbers
-reported, each beside its MC-vs-MC floor and ratio (see ``mpilearn.calo.physics``,
+reported, each beside its MC-vs-MC floor and ratio, or distance from it in σ (see ``mpilearn.calo.physics``,
 ``mpilearn.calo.reference`` and ``mpilearn.calo.challenge``):
   score                  mpilearn's physics score (lower is better);
   reference_metric       the reference analysis's optimisation metric (moments, profiles,
@@ -24,7 +24,10 @@ reported, each beside its MC-vs-MC floor and ratio (see ``mpilearn.calo.physics`
                          the GPU where there is one).
 Writes ``validation.json`` and PNG plots into ``--output``, and the results to ``--json``, and
 ends with a verdict per metric family: "at the MC floor" where a number is within the floor's
-noise (MC against MC is), else how many times the floor (a classifier: its AUC, 0.5 = cannot tell).
+noise (MC against MC is), else how many times the floor (a classifier: its AUC, 0.5 = cannot
+tell). FPD and KPD, whose floor is 0 within its error, are given as their distance from it in
+standard deviations, (value - floor) / sqrt(error^2 + floor_error^2), beside the floor and its
+error: ``fpd 83.45 ± 0.5 (3 700 σ; MC floor 0.0000 ± 0.022)``; 3 σ or more is told from the MC.
 """
 from __future__ import annotations
 
@@ -220,14 +223,20 @@ def summary(result: dict) -> str:
         return ", ".join(f"{k} {result[prefix + k]:.4f}" for k in ("moments", "profiles", "angle")
                          if prefix + k in result)
 
+    from .callbacks import beside
+    from .physics import SIGMA
+
     if not result.get("events"):
         return "no MC event passed the selection"
+
     def floor(name):
         if result.get(f"{name}_floor") is None:
             return ""
+        if name in SIGMA:   # a floor 0 within its error: the distance from it in σ
+            return f" ({beside(result, name) or 'σ n/a; MC floor ' + format(result[name + '_floor'], '.4g')})"
         ratio = result.get(f"{name}_ratio")
-        return (f" [MC-vs-MC floor {result[name + '_floor']:.4g}, ratio "
-                + (f"{ratio:.2f}]" if ratio is not None else "n/a]"))
+        return (f" [MC-vs-MC floor {result[name + '_floor']:.4g}, "
+                + (f"{ratio:.3g}x floor]" if ratio is not None else "ratio n/a]"))
 
     def challenge():
         out = []
@@ -253,17 +262,38 @@ FAMILIES = (("the project's score", ("score",)),
             ("the CaloChallenge classifiers", ("auc_high", "auc_low")))
 
 
+# a distance this many σ above its floor (FPD, KPD) is told from the MC
+FLAGGED_SIGMA = 3.0
+
+
+def sigma_verdict(result: dict, name: str) -> str:
+    """FPD's or KPD's distance from a floor 0 within its error, in words."""
+    from .callbacks import plus_minus, sigmas
+
+    sigma = result.get(name + "_sigma")
+    if sigma is None:
+        return ""
+    floor = plus_minus(result[name + "_floor"], result.get(name + "_floor_error"))
+    if sigma < FLAGGED_SIGMA:
+        return f"at the MC floor ({sigmas(sigma)} from {floor})"
+    return f"{sigmas(sigma)} above the MC floor {floor}" + (" (far off)" if sigma > 100 else "")
+
+
 def verdicts(result: dict) -> list:
     """A short verdict per metric family, in the metric's own terms: "at the MC floor" where a
-    number is within the floor's noise (MC against MC is), else how many times the floor."""
+    number is within the floor's noise (MC against MC is), else how many times the floor, or
+    for FPD and KPD (a floor 0 within its error) how many σ above it."""
     from ..train.page import verdict
+    from .physics import SIGMA
 
     if not result.get("events"):
         return []
-    lines = ["verdict (lower is better; 1x the MC floor = as good as the simulation):"]
+    lines = ["verdict (lower is better; 1x the MC floor = as good as the simulation; FPD and "
+             f"KPD: told from the MC at >= {FLAGGED_SIGMA:g} σ above their floor):"]
     for family, names in FAMILIES:
-        parts = [f"{name} " + verdict(result.get(name + "_ratio"), name, result[name],
-                                      result.get(name + "_floor"))
+        parts = [f"{name} " + (sigma_verdict(result, name) if name in SIGMA else
+                               verdict(result.get(name + "_ratio"), name, result[name],
+                                       result.get(name + "_floor")))
                  for name in names if result.get(name) is not None
                  and result.get(name + "_floor") is not None]
         if parts:
