@@ -316,3 +316,30 @@ def test_features_of_a_batch_with_no_event():
     empty showers) has no event left: features are empty arrays, not a reshape error."""
     f = physics.features(np.zeros((0, 51, 51, 25)), np.zeros(0), np.zeros(0), np.zeros(0, int))
     assert len(f["sum"]) == 0 and f["moments"].shape == (0, 3, 2) and f["spectrum"].shape[0] == 0
+
+
+def test_the_floor_is_a_seeded_split_of_the_mc_alone(showers_dir, tmp_path):
+    """The floor depends on the MC file, --events and --seed, not on what it is compared with
+    (it moved with the generated file's size: 0.0818, 0.0959, 0.0855 against one MC)."""
+    from mpilearn.calo.validate import split_mc
+
+    a, b = split_mc(160, None), split_mc(160, None)
+    assert list(a) == list(b) and len(set(a)) == 160   # every event, two halves of 80
+    assert set(split_mc(160, None, seed=1)[:80]) != set(a[:80])
+    assert len(split_mc(160, 30)) == 60 and len(split_mc(7, None)) == 6
+    files = f"{showers_dir}/*.h5"
+    short = tmp_path / "short.h5"
+    with h5py.File(next(showers_dir.glob("*.h5"))) as src, h5py.File(short, "w") as dst:
+        for key in src:
+            dst[key] = src[key][:60]
+    floors = []
+    for i, generated in enumerate([files, files, str(short)]):
+        proc = mpirun(1, ["-m", "mpilearn.validate", "--generated", generated, "--mc", files,
+                          "--no-plots", "--no-classifier", "--json", str(tmp_path / f"{i}.json"),
+                          "--output", str(tmp_path / f"v{i}")])
+        assert proc.returncode == 0, proc.stderr
+        got = json.load(open(tmp_path / f"{i}.json"))
+        floors.append([got[k] for k in ("score_floor", "fpd_floor", "fpd_floor_error",
+                                        "kpd_floor", "floor_events")])
+        assert "MC floor" in proc.stdout and "σ" in proc.stdout, proc.stdout
+    assert floors[0] == floors[1] and floors[0][-1] == 80, floors   # every event: 80 a side

@@ -339,8 +339,8 @@ def validate_task(task, files, events: np.ndarray, comm, folder: Optional[str],
             fake_gev = task.preprocess.to_gev(images)
             gan_parts.append(_observe(task, {**batch, "images": images}, fake_gev))
             keep("gan", fake_gev, batch)
-        else:  # its own events, filtered by the preprocessing as the MC's are
-            gen_index = index[index < len(generated)]
+        elif len(index[index < len(generated)]):  # its own events, filtered as the MC's are
+            gen_index = index[index < len(generated)]   # (a shorter file: fewer showers)
             fake_raw = {**generated.read(gen_index), "_index": gen_index}
             fake_batch = task.preprocess(fake_raw)
             fake_gev = _cells_gev(task, fake_raw, fake_batch["_index"])

@@ -2,6 +2,9 @@
 
     python -m mpilearn.validate --checkpoint runs/demo/checkpoints/latest --mc data/*.h5
     mpirun -np 4 python -m mpilearn.validate --checkpoint ... --mc ... --events 5000
+
+Every MC event is used by default: a seeded half (--seed) is compared, the other half gives the
+MC-vs-MC floor, so the same MC file gives the same floor, whatever it is compared with.
     python -m mpilearn.validate --generated other_gan/*.h5 --mc data/*.h5 --json out.json
 
 For every MC event, one shower is generated from the checkpoint with the same (E, θ), or, with
@@ -55,6 +58,8 @@ def prepare(args):
         raise UsageError("give --checkpoint (generate showers) or --generated (read them)")
     if args.voxel_events < 0:
         raise UsageError(f"--voxel-events {args.voxel_events}: give 0 (none) or more")
+    if args.events is not None and args.events < 1:
+        raise UsageError(f"--events {args.events}: give at least 1 (default: half the MC)")
     if args.seeds < 1:
         raise UsageError(f"--seeds {args.seeds}: give at least 1 classifier run")
     if args.json and os.path.isdir(args.json):
@@ -71,6 +76,18 @@ def prepare(args):
     if os.path.exists(output) and not args.overwrite:
         raise UsageError(f"--output {output} exists (give --overwrite to replace it)")
     return checkpoint, config, expand_files(args.mc, "--mc"), generated
+
+
+def split_mc(count: int, events, seed: int = 0) -> np.ndarray:
+    """The MC's event numbers, the compared half then the floor's (``physics.halves``), each
+    sorted: a seeded permutation of the MC alone, so that the floor depends on the MC file,
+    ``events`` and ``seed``, never on what it is compared with (with --generated, the showers
+    read are those at the compared half's event numbers)."""
+    half = count // 2 if events is None else min(events, count // 2)
+    picked = np.random.default_rng(seed).permutation(count)
+    if half == 0:
+        return np.sort(picked[:1])
+    return np.concatenate([np.sort(picked[:half]), np.sort(picked[half:2 * half])])
 
 
 def output_folder(args, checkpoint) -> str:
@@ -132,9 +149,12 @@ def main(argv=None) -> int:
     p.add_argument("--config", help="the run's config.yaml (default: next to checkpoints/)")
     p.add_argument("--angle-key", default="mtheta", help="the angle dataset of files read "
                    "without a checkpoint (default mtheta)")
-    p.add_argument("--events", type=int, default=2000, help="MC events to compare (default "
-                   "2000); as many again, disjoint, give the MC-vs-MC floor (with fewer MC "
-                   "events, the two halves of what there is)")
+    p.add_argument("--events", type=int, default=None, help="MC events to compare (default: "
+                   "half of every MC event); as many again, disjoint, give the MC-vs-MC floor "
+                   "(with fewer MC events, the two halves of what there is)")
+    p.add_argument("--seed", type=int, default=0, help="the seed of the MC's split into the "
+                   "compared half and the floor's half (default 0): the same MC, --events and "
+                   "--seed give the same floor, whatever is compared with it")
     p.add_argument("--output", default=None, help="folder for validation.json and plots "
                    "(default: RUN/validation/final, or ./validation without a checkpoint)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing --output folder")
@@ -174,27 +194,18 @@ def main(argv=None) -> int:
                     os.path.join(output, "validation.json")]:
                 if os.path.isfile(old):
                     os.remove(old)
-        n = min(len(mc), len(generated)) if generated is not None else len(mc)
-        # the compared events, then the floor's disjoint second half
-        picked = np.random.default_rng(0).permutation(len(mc))
-        if generated is not None:  # the compared events must have a generated shower
-            first = np.sort(picked[picked < n][:min(args.events, n // 2 or 1)])
-            rest = np.sort(np.setdiff1d(picked, first)[:len(first)])
-            events = np.concatenate([first, rest])
-        else:
-            events = np.concatenate([np.sort(h) for h in np.array_split(
-                picked[:2 * args.events], 2)])
+        events = split_mc(len(mc), args.events, args.seed)
         title = " ".join(filter(None, [
             f"run {os.path.basename(os.path.abspath(run))}" if run else None,
             epoch,
             f"generated {os.path.basename(gen_paths[0])}" if gen_paths else None]))
         from .physics import validate_task
 
-        result = validate_task(task, mc, events, ctx.comm, output, max_events=args.events,
+        result = validate_task(task, mc, events, ctx.comm, output, max_events=len(events),
                                plots=not args.no_plots, generated=generated, title=title,
                                classifier=not args.no_classifier, seeds=args.seeds,
                                voxel_events=0 if args.no_classifier else
-                               (args.events if args.full else args.voxel_events),
+                               (len(events) // 2 if args.full else args.voxel_events),
                                device=_device(args.full))
     except Exception as err:  # mpilearn's own errors become statuses; others abort the job
         return exit_status(err, ctx.rank)
