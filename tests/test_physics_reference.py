@@ -172,6 +172,7 @@ def test_validate_generated_second_sample_and_json(showers_dir, tmp_path):
                       "--events", "30", "--no-plots", "--no-classifier",
                       "--output", str(tmp_path / "f")])
     assert proc.returncode == 2 and "other conditions than the MC's" in proc.stderr, proc.stderr
+    assert "mpilearn.generate --conditions" in proc.stderr   # the flag that makes them
 
 
 def test_validate_generated_without_its_angle_is_bad_input(showers_dir, tmp_path):

@@ -292,7 +292,8 @@ def _refuse_mismatch(mismatch: dict, gan) -> None:
             "--generated: its showers were made for other conditions than the MC's: their "
             + " and ".join(f"{k} distribution differs (KS p-value {v:.2g} < "
                            f"{MIN_CONDITION_PVALUE:g})" for k, v in bad.items())
-            + "; compare showers generated for the MC's energies and angles")
+            + "; compare showers generated for the MC's energies and angles: python -m "
+            "mpilearn.generate --conditions MC.h5 (the --mc files) makes one per MC event")
 
 
 def validate_task(task, files, events: np.ndarray, comm, folder: Optional[str],
