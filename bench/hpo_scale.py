@@ -14,10 +14,12 @@ log-normal time (sigma 0.5; median ``max(1 s, workers / 100 s)``, so the coordin
 about 100 requests a second at every size) and returns Hartmann-6 plus Gaussian noise (sd 0.1).
 
 Searchers: random, evolution (DEAP), gp (scikit-optimize's GP; past 16 busy points, batches
-from one model with per-point exploration weights: the scalable path), and Optuna's TPE
+from one model with per-point exploration weights: the scalable path), forest (extra trees on
+every result, a UCB weight and half the trees drawn per suggestion, refits in their own
+thread: ``searchers.ForestSearcher``), and Optuna's TPE
 (``TPESampler(constant_liar=True)`` through its documented ask/tell, driven by the same
-coordinator and prefetcher as ours). gp and TPE start with one random point per worker (the
-first wave has no data to model).
+coordinator and prefetcher as ours). gp, forest and TPE start with one random point per
+worker (the first wave has no data to model).
 
 Reported per worker count and searcher (mean over seeds; regret: median over seeds):
 - utilisation: trial time / each worker's time in the sweep (from the start until it is
@@ -58,7 +60,7 @@ from mpilearn.hpo import benchmarks  # noqa: E402
 from mpilearn.hpo.searchers import Searcher  # noqa: E402
 from mpilearn.hpo.space import trial_key  # noqa: E402
 
-SEARCHERS = ("random", "evolution", "gp", "optuna-tpe")
+SEARCHERS = ("random", "evolution", "gp", "forest", "optuna-tpe")
 
 
 class OptunaTPE(Searcher):
@@ -117,7 +119,7 @@ def one(argv) -> int:
 
 def sweep(searcher, workers, seed, median_s, tmp, fail=0.0):
     out = os.path.join(tmp, f"{searcher}-{workers}-{seed}-{fail:g}")
-    options = {"gp": {"n_initial": workers}}.get(searcher, {})
+    options = {"n_initial": workers} if searcher in ("gp", "forest") else {}
     cmd = ["mpirun", "-np", "2", "--oversubscribe", sys.executable, os.path.abspath(__file__),
            "--one", "--workers", str(workers), "--searcher", searcher, "--seed", str(seed),
            "--median-s", str(median_s), "--out", out, "--options", json.dumps(options),

@@ -89,7 +89,7 @@ SCHEMA: Dict[str, Any] = {
 }
 
 CHOICES = {
-    "search.searcher": ("gp", "evolution", "random"),
+    "search.searcher": ("gp", "evolution", "random", "forest"),
     "search.fold_mode": ("parallel", "sequential"),
     "search.pruner": ("none", "median", "asha", "hyperband"),
     "train.backend": ("mpi", "torch", "horovod"),
@@ -235,7 +235,9 @@ DESCRIPTIONS: Dict[str, str] = {
     "device.allow_shared_gpus": "allow more ranks per node than GPUs",
     "output": "run directory; default runs/<model>-<time> (--output overrides it)",
     "search.searcher": "gp (scikit-optimize's GP, batches by kriging believer), evolution (DEAP: "
-                       "steady state, NSGA-II with several objectives), random",
+                       "steady state, NSGA-II with several objectives), random, forest (extra "
+                       "trees, a UCB weight drawn per suggestion, refits off the asks: for "
+                       "hundreds to thousands of blocks)",
     "search.budget": "trials in the sweep (done + pruned + failed)",
     "search.blocks": "trials trained at once",
     "search.folds": "k of k-fold cross-validation at event level (1 = a plain validation split)",
@@ -248,7 +250,8 @@ DESCRIPTIONS: Dict[str, str] = {
     "search.objective": "{metric: NAME or [NAMES], mode: final|best, direction: "
                         "minimize|maximize or one per metric}, or {function: module:func}",
     "search.options": "searcher options (gp: acq_func, n_initial, xi, kappa, ...; evolution: "
-                      "population, tournament, crossover, ...)",
+                      "population, tournament, crossover, ...; forest: n_initial, kappa, "
+                      "trees, min_leaf, ...)",
     "search.trial_timeout": "seconds a trial may train; 0 = no limit",
     "search.pruner": "stop unpromising trials early (Optuna's rules and defaults)",
     "search.pruner_options": "the pruner's options, e.g. {n_startup_trials: 5} for median",
