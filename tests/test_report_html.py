@@ -98,6 +98,7 @@ def test_the_demo_3dgan_runs_page_shows_physics_against_floors_and_every_plot(br
     assert plots and plots <= srcs, plots - srcs
     for expected in ("MC-vs-MC floor", "score", "fpd", "x the MC floor", "Gradient noise scale"):
         assert expected in text, expected
+    assert any(" σ" in line and line.startswith("fpd") for line in text.splitlines()), text
 
 
 def test_a_sweeps_page_shows_its_trials_and_plots(browser, tmp_path):

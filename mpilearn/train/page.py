@@ -36,9 +36,18 @@ figure img{max-width:100%;border:1px solid #eee}figcaption{font-size:.85em;color
 AT_FLOOR = 2.0
 
 
-def verdict(ratio: Optional[float], name: str = "", value=None, floor=None) -> str:
+SIGMAS = 3.0  # a distance from a floor that is 0 within its error: within this, not told apart
+
+
+def verdict(ratio: Optional[float], name: str = "", value=None, floor=None,
+            sigma: Optional[float] = None) -> str:
     """A physics number's ratio to its MC-vs-MC floor in words (lower is better; 1 = as good as
-    the simulation). A classifier AUC reads in its own terms: 0.5 cannot tell, 1.0 always can."""
+    the simulation), or, where the floor is 0 within its error (FPD, KPD), its distance from
+    it in σ. A classifier AUC reads in its own terms: 0.5 cannot tell, 1.0 always can."""
+    if _number(sigma):
+        if sigma < SIGMAS:
+            return f"at the MC floor (within {SIGMAS:g} σ)"
+        return f"{sigma:.3g} σ from the MC floor: told from the MC"
     if name.startswith("auc") and _number(value):
         if _number(floor) and value <= max(floor, 0.5) + 0.05:
             return "at the MC floor: the classifier cannot tell them from MC"
@@ -122,9 +131,17 @@ def finish(page: Page, run_dir: str) -> str:
 
 
 def physics_rows(physics: dict) -> List[list]:
-    """[metric, epoch, value, floor, ratio, verdict] per metric of a report summary."""
-    return [[name, p.get("epoch"), p.get("value"), p.get("floor"), p.get("ratio"),
-             verdict(p.get("ratio"), name, p.get("value"), p.get("floor"))]
+    """[metric, epoch, value, floor, ratio or σ, verdict] per metric of a report summary."""
+    def floor(p):
+        err = p.get("floor_error")
+        return f"{p['floor']:.4g} ± {err:.2g}" if _number(p.get("floor")) and _number(err) \
+            else p.get("floor")
+
+    def distance(p):
+        return f"{p['sigma']:.3g} σ" if _number(p.get("sigma")) else p.get("ratio")
+
+    return [[name, p.get("epoch"), p.get("value"), floor(p), distance(p),
+             verdict(p.get("ratio"), name, p.get("value"), p.get("floor"), p.get("sigma"))]
             for name, p in physics.items()]
 
 
@@ -179,8 +196,10 @@ def run_page(run_dir: str, summary: dict, records: List[dict], lines: List[str],
     if summary["physics"]:
         page.para("Each number is a distance from the simulation: lower is better. The floor is "
                   "the same number between two independent MC samples of the same size; the "
-                  "ratio is number / floor, so 1 is as good as the simulation itself.")
-        page.table(["metric", "epoch", "value", "MC-vs-MC floor", "ratio", "verdict"],
+                  "ratio is number / floor, so 1 is as good as the simulation itself. Where the "
+                  "floor is 0 within its error (FPD, KPD) the distance is in σ instead: "
+                  "(number - floor) / its combined error; below 3 σ the two are not told apart.")
+        page.table(["metric", "epoch", "value", "MC-vs-MC floor", "ratio or σ", "verdict"],
                    physics_rows(summary["physics"]))
     else:
         page.para("No physics numbers: this run logged no metric with a floor (the 3DGAN logs "

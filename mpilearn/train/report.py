@@ -84,7 +84,10 @@ def summarise(run_dir: str, records: List[dict], costs: dict) -> dict:
         scored = [r for r in records if _number(r.get(name))]
         r = scored[-1]
         out["physics"][name] = {"epoch": r["epoch"], "value": r[name],
-                                "floor": r.get(name + FLOOR), "ratio": r.get(name + "_ratio")}
+                                "floor": r.get(name + FLOOR), "ratio": r.get(name + "_ratio"),
+                                # a floor that is 0 within its error: the distance in σ
+                                "sigma": r.get(name + "_sigma"),
+                                "floor_error": r.get(name + FLOOR + "_error")}
     rates = [r["samples_per_s"] for r in records if _number(r.get("samples_per_s"))]
     if rates:
         out["samples_per_s"] = {"mean": sum(rates) / len(rates), "last": rates[-1]}
@@ -100,6 +103,10 @@ def text_lines(s: dict, cost_lines: List[str], skipped: Dict[str, str]) -> List[
     for name, p in s["physics"].items():
         floor = f" against its floor {p['floor']:.4g}" if _number(p["floor"]) else ""
         ratio = f" (ratio {p['ratio']:.3g})" if _number(p["ratio"]) else ""
+        if _number(p.get("sigma")):
+            err = f" ± {p['floor_error']:.2g}" if _number(p.get("floor_error")) else ""
+            floor = f" against its floor {p['floor']:.4f}{err}" if _number(p["floor"]) else ""
+            ratio = f" ({p['sigma']:.3g} σ)"
         lines.append(f"physics {name}: {p['value']:.4g} at epoch {p['epoch']}{floor}{ratio}")
     if s["samples_per_s"]:
         t = s["samples_per_s"]
