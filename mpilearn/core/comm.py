@@ -121,6 +121,25 @@ def record_relaunch(reason: str) -> None:
     _append_status("relaunch " + " ".join(reason.split()) + "\n")
 
 
+def record_phase(rank: int, pid: int, phase: str) -> None:
+    """``phase RANK PID WORDS`` in the job's status file: where this rank's start-up is
+    (``core/startup.py``); ``mpilearn-run`` names the phase of a rank it saw die."""
+    _append_status(f"phase {rank} {pid} {phase}\n")
+
+
+def record_output(path: str) -> None:
+    """``output DIR`` in the job's status file (rank 0, once the run directory is chosen):
+    ``mpilearn-run`` relaunches a job that lost a rank in start-up from there, or, where it
+    has none, as it was (nothing was written yet)."""
+    _append_status(f"output {path}\n")
+
+
+def exit_without_finalize(code) -> None:
+    """Leave now with ``code``, without ``MPI_Finalize``: after a lost rank it may wait for
+    the lost one (the exit guard's path after a loss, for a rank that had none yet)."""
+    _exit_now(code)
+
+
 def _append_status(line: str) -> None:
     path = os.environ.get(STATUS_ENV)
     if not path:

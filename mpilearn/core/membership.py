@@ -74,7 +74,8 @@ class Change:
     added: List[tuple] = field(default_factory=list)  # (new rank, host) of every spawned rank
 
     def who(self) -> str:
-        return ", ".join(f"rank {r} on {h}" for r, h in self.lost) or "no rank"
+        return ", ".join(f"rank {r}" + (f" on {h}" if h else "") for r, h in self.lost) or \
+            "no rank"
 
     def describe(self) -> str:
         if self.added:
@@ -118,11 +119,14 @@ def supported() -> bool:
 class Membership:
     """The job's live communicator and the hosts of its ranks."""
 
-    def __init__(self, comm, min_ranks: int = 1, max_ranks: int = 0):
+    def __init__(self, comm, min_ranks: int = 1, max_ranks: int = 0, gather: bool = True):
         MPI = mcomm.mpi()
         comm.Set_errhandler(MPI.ERRORS_RETURN)  # a loss raises MPI.Exception instead of aborting
         self.comm, self.min_ranks, self.max_ranks = comm, min_ranks, max_ranks
-        self.hosts = comm.allgather(socket.gethostname())
+        # the ranks' hosts: a collective, left for later by a membership made before any
+        # (:meth:`early`; until then a lost rank is named without its host)
+        self.hosts = comm.allgather(socket.gethostname()) if gather else \
+            [None] * comm.Get_size()
         self.changes: List[Change] = []
         self._listeners: List[Callable] = []
         # where this rank is: a loss outside the training loop ends the job (exit 75)
@@ -133,9 +137,30 @@ class Membership:
         """The job's membership over ``ctx``'s communicator, which follows every change (and
         the node-local split and exit barrier with it); made current."""
         m = cls(ctx.comm, min_ranks, max_ranks)
-        m.on_change(lambda new, change: mcomm.replace_comm(ctx, new, shrunk=not change.added))
+        m.follow(ctx)
         set_current(m)
         return m
+
+    def follow(self, ctx) -> None:
+        """``ctx``'s communicator follows every change (and the node-local split and exit
+        barrier with it)."""
+        self.on_change(lambda new, change: mcomm.replace_comm(ctx, new,
+                                                              shrunk=not change.added))
+
+    @classmethod
+    def early(cls, comm) -> "Membership":
+        """Right after ``MPI_Init`` (under ULFM), before any collective: a rank lost in the rest
+        of start-up (the node-local split, the config, the launcher check) is then named and
+        ends the job with one line and exit 75 (:func:`outside_training`), not a traceback.
+        Made current; ``train``'s main gathers the hosts once its context exists, and the
+        bounds follow once the config is read (``train/elastic.join``)."""
+        m = cls(comm, gather=False)
+        set_current(m)
+        return m
+
+    def gather_hosts(self) -> None:
+        """Collective: every rank's host (a lost rank is named with it)."""
+        self.hosts = self.comm.allgather(socket.gethostname())
 
     @property
     def rank(self) -> int:

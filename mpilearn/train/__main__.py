@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from ..errors import UsageError, exit_status
@@ -88,31 +89,53 @@ def main(argv=None) -> int:
 def run(args, make_config, after=None) -> int:
     """The body of every command that trains one run (this one, ``mpilearn.hpo.refit``): stop
     signals, MPI, the launcher check, ``make_config(ctx)``, the Trainer, then
-    ``after(ctx, last epoch record)``; the exit status."""
-    from ..cluster import preempt, stage
+    ``after(ctx, last epoch record)``; the exit status.
+
+    Start-up (``core/startup.py``): the stop signals' handler and the start-up guard come
+    first, then ``MPI_Init``, and only then the heavy imports (torch): under ULFM a rank lost
+    before it joined ``MPI_Init`` leaves the others waiting there, which only the guard's
+    bound ends, while a loss after it is MPI's to report, and the survivors end start-up with
+    one line and exit 75 (the membership made at once: ``Membership.early``)."""
+    from ..cluster import preempt
+    from ..core import startup
+
+    preempt.install()
+    guard = startup.arm()
+    from ..cluster import stage
     from ..core import comm as mcomm
     from ..core import membership
     from . import elastic
-    from .stops import before_start
 
-    preempt.install()
-    ctx = mcomm.init()
-    stage.leave_on_exit(ctx.local_rank)
-    merged = membership.joined()
-    if merged is not None:  # spawned by a running job to join it (an elastic growth)
-        return _newcomer(ctx, merged)
-    launches = None  # the launch's wall time per rank (launches.jsonl), once the run is built
+    mcomm.mpi()  # MPI_Init
+    guard.mpi_up()
+    guard.phase(startup.IMPORTS)
+    if startup.ulfm() and not startup.spawned() and membership.supported():
+        membership.Membership.early(mcomm.mpi().COMM_WORLD)
+    ctx = launches = None  # launches: the wall time per rank (launches.jsonl), once built
     try:
+        ctx = mcomm.init()
+        if membership.current() is not None:  # (Membership.early)
+            membership.current().follow(ctx)
+            membership.current().gather_hosts()
+        stage.leave_on_exit(ctx.local_rank)
+        merged = membership.joined()
+        if merged is not None:  # spawned by a running job to join it (an elastic growth)
+            return _newcomer(ctx, merged)
+        from .stops import before_start
+
         line = mcomm.check_launch(ctx)
         if ctx.rank == 0:
             print(line, flush=True)
         # a stop signal during start-up ends the run at one of two checks, with nothing to
         # save: here, before the heavy imports and the config, and once the Trainer is built
         before_start(ctx.comm)
+        guard.phase(startup.CONFIG)
         config = make_config(ctx)
         # an elastic run: a rank lost from here on ends start-up with one line and exit 75
         # (its in-memory cover begins with the first snapshot; docs/guide/elastic.md)
+        guard.phase(startup.MEMBERSHIP)
         elastic.join(ctx, config)
+        guard.started()
         if args.resume and not (args.output or config["output"]):
             raise UsageError("--resume needs the run directory: --output DIR")
         from ..core import runlock
@@ -122,6 +145,8 @@ def run(args, make_config, after=None) -> int:
 
         # one writer per run directory: the lock comes before anything is written there
         output = ctx.comm.bcast(args.output or config["output"] or default_output(config))
+        if ctx.rank == 0:  # where a relaunch resumes (mpilearn-run)
+            mcomm.record_output(os.path.abspath(output))
         check_on_root(ctx.comm, check_output, output)
         runlock.hold(ctx.comm, output, args.force_unlock)
         resume = {None: False, "latest": True, "auto": "auto"}[args.resume]
@@ -138,22 +163,30 @@ def run(args, make_config, after=None) -> int:
         if after is not None:
             after(ctx, last)
     except Exception as err:  # mpilearn's own errors become statuses; others abort the job
-        status = exit_status(elastic.outside_training(err), ctx.rank)
+        err = elastic.outside_training(err)
+        m = membership.current()
+        rank = ctx.rank if ctx is not None else m.rank if m is not None else \
+            mcomm.mpi().COMM_WORLD.Get_rank()
+        status = exit_status(err, rank)
         if launches is not None:
             launches.write(status)
-        return _leaving(ctx, status)
+        guard.leaving()
+        if ctx is None:  # lost before MPI's set-up here ended: there is no exit barrier yet
+            mcomm.exit_without_finalize(_leaving(rank, status))
+        return _leaving(ctx.rank, status)
     launches.write(0)
+    guard.leaving()
     # finished: a stop signal from here on (its exit takes seconds) has nothing to stop
-    return _leaving(ctx, 0)
+    return _leaving(ctx.rank, 0)
 
 
-def _leaving(ctx, status: int) -> int:
+def _leaving(rank: int, status: int) -> int:
     """The process's exit status: ``status``, recorded for the launcher by rank 0 of an
     elastic run (``comm.record_end``), after the stop signals' and the exit guard's say."""
     from ..cluster import preempt
     from ..core import comm as mcomm, membership
 
-    if ctx.rank == 0 and membership.current() is not None:
+    if rank == 0 and membership.current() is not None:
         mcomm.record_end(status)
     return mcomm.leaving(preempt.leave(status))
 
@@ -171,8 +204,8 @@ def _newcomer(ctx, merged) -> int:
     try:
         Trainer.newcomer(ctx, merged).fit()
     except Exception as err:  # as a launched rank's: statuses, one message from rank 0
-        return _leaving(ctx, exit_status(err, ctx.rank))
-    return _leaving(ctx, 0)
+        return _leaving(ctx.rank, exit_status(err, ctx.rank))
+    return _leaving(ctx.rank, 0)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from typing import List, Optional
 
 from ..errors import UsageError
-from . import checkpoint as ckpt
 
 ELASTIC_ALGORITHMS = ("allreduce", "local_sgd")
 
@@ -33,12 +32,25 @@ def join(ctx, config: dict) -> None:
     """The job's membership, made before start-up where the run is elastic, so that a rank
     lost during start-up is named (rank and host) and ends the job with exit 75 on every
     survivor (:func:`outside_training`) instead of a traceback from each. Start-up itself is
-    not retried: it holds no trained state, and a relaunch reads the same checkpoint."""
+    not retried: it holds no trained state, and a relaunch reads the same checkpoint.
+
+    Under ULFM ``train``'s main made one right after ``MPI_Init`` (``Membership.early``: the
+    config was not read yet); here it gets its bounds and hosts, or, for a run that is not
+    elastic, it is dropped (a loss from here ends the job as in any run)."""
     from ..core import membership
 
     e = settings(config)
+    m = membership.current()
     if e is not None and config["train"]["backend"] == "mpi" and membership.supported():
-        membership.Membership.for_context(ctx, int(e["min_ranks"]), int(e.get("max_ranks") or 0))
+        if m is not None and m.comm is ctx.comm:
+            m.min_ranks, m.max_ranks = int(e["min_ranks"]), int(e.get("max_ranks") or 0)
+            if None in m.hosts:
+                m.gather_hosts()
+        else:
+            membership.Membership.for_context(ctx, int(e["min_ranks"]),
+                                              int(e.get("max_ranks") or 0))
+    elif m is not None:
+        membership.set_current(None)
 
 
 def outside_training(err: BaseException) -> BaseException:
@@ -122,6 +134,8 @@ class Snapshot:
         if "models" in self.task:  # local SGD between two averages keeps the ranks' mean
             self.task["models"] = trainer.strategy.snapshot_models(self.task["models"])
         self.acc = copy.deepcopy(trainer.acc)
+        from . import checkpoint as ckpt  # (torch: here, so that importing this module is light)
+
         self.rng = ckpt.rng_state(trainer.task)
         self.callbacks = {cb.name: copy.deepcopy(cb.state_dict()) for cb in trainer.callbacks}
 
