@@ -13,7 +13,7 @@ import re
 import signal
 import sys
 import threading
-from typing import Optional
+from typing import Callable, Optional
 
 # prterun noticed that process rank 1 with PID 1822 on node vm exited on signal 9 (Killed).
 PRTE_SIGNAL = re.compile(r"process rank (\d+) with PID (\d+) on node (\S+) exited on\s+"
@@ -80,11 +80,16 @@ def first_failure(text: str) -> Optional[str]:
     return None
 
 
-def describe(text: str, rc: int, oom_before: Optional[int], oom_after: Optional[int]) -> str:
-    """The one line for a job that ended with status ``rc`` (not 0, 2 or 75)."""
+def describe(text: str, rc: int, oom_before: Optional[int], oom_after: Optional[int],
+             during: Optional[Callable[[int], Optional[str]]] = None) -> str:
+    """The one line for a job that ended with status ``rc`` (not 0, 2 or 75); ``during(rank)``:
+    the start-up phase the failed rank was in, where it was starting."""
     who = first_failure(text)
     oom = oom_before is not None and oom_after is not None and oom_after > oom_before
-    parts = [who or f"the launcher exited with status {rc}"]
+    rank = re.match(r"rank (\d+)", who or "")
+    phase = during(int(rank.group(1))) if rank and during is not None else None
+    parts = [(who or f"the launcher exited with status {rc}") +
+             (f", during start-up ({phase})" if phase else "")]
     if oom:
         parts.append(f"the kernel's OOM killer ended {oom_after - oom_before} process(es) "
                      "here (memory cgroup oom_kill)")

@@ -19,6 +19,7 @@ import subprocess
 import sys
 from typing import List, Optional, Tuple
 
+from ..core.startup import DEFAULT_START_TIMEOUT, START_TIMEOUT_ENV
 from .discovery import Growth, discover_hosts, parse_hosts
 from .discovery import answer_path, note as discovery_note
 
@@ -111,7 +112,14 @@ def main(argv=None) -> int:
     parser.add_argument("--gloo", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--verbose", action="store_true")
     parser.add_argument("-p", "--ssh-port", type=int, default=None)
-    parser.add_argument("--start-timeout", type=int, default=None)
+    parser.add_argument("--start-timeout", type=float, default=None, metavar="SECONDS",
+                        help="the bound on a rank's start-up wait under ULFM (--min-np with "
+                             "Open MPI 5): a rank whose MPI initialisation has not ended this "
+                             "long after it started ends the job, which a lost rank (a kill, "
+                             "a failed node) would otherwise leave waiting there for ever; "
+                             "exit 75, relaunched with --min-np. The ranks read it as "
+                             f"{START_TIMEOUT_ENV}; default {DEFAULT_START_TIMEOUT:g}, 0: none. "
+                             "A rank lost on this machine ends the job at once")
     # elastic training, with horovodrun's flag names (README "Elastic training")
     parser.add_argument("--min-np", type=int, default=None,
                         help="elastic: go on with at least this many ranks")
@@ -137,6 +145,11 @@ def main(argv=None) -> int:
         if args.ssh_port:
             extra += f" --mca plm_rsh_args '-p {args.ssh_port}'"
         mode, env = None, os.environ
+        if args.start_timeout is not None:
+            if args.start_timeout < 0:
+                raise ValueError(f"--start-timeout must be 0 (no bound) or more seconds, not "
+                                 f"{args.start_timeout:g}")
+            env = {**env, START_TIMEOUT_ENV: f"{args.start_timeout:g}"}
         if args.min_np is not None:
             mode = elastic_mode(args.launcher, env)
             env = {**env, **elastic_env(args), MODE_ENV: mode}  # a sweep reads the mode
@@ -162,12 +175,32 @@ def main(argv=None) -> int:
     growth = None
     if mode is not None and args.host_discovery_script:
         growth = Growth(args.host_discovery_script, args.np, args.max_np)
+    here = all_here(hosts, args.launcher, env)  # (the first hosts; a growth's may be elsewhere)
     return grow_loop(cmd, args.np, growth, rebuild, lambda cmd_, np_, hosts_: (
         relaunch(cmd_, cmd_[0] == "mpirun" and "-np" in cmd_, np_, args.max_restarts, hosts_,
                  args.min_np, rebuild, growth) if mode == "relaunch" else
         ulfm_relaunch(cmd_, cmd_[0] == "mpirun" and "-np" in cmd_, np_, args.max_restarts,
-                      growth) if mode == "ulfm" else
-        launch(cmd_, cmd_[0] == "mpirun" and "-np" in cmd_, np_, growth=growth)), hosts)
+                      growth, here and hosts_ is hosts) if mode == "ulfm" else
+        launch(cmd_, cmd_[0] == "mpirun" and "-np" in cmd_, np_, growth=growth,
+               here=here and hosts_ is hosts)), hosts)
+
+
+# where a launcher finds its hosts without -H or a hostfile (resource managers, a site's default
+# hostfile): then its ranks may run elsewhere
+ALLOCATION_VARIABLES = ("SLURM_JOB_ID", "PBS_NODEFILE", "LSB_JOBID", "PE_HOSTFILE",
+                        "OMPI_MCA_orte_default_hostfile", "PRTE_MCA_prte_default_hostfile",
+                        "OMPI_MCA_rmaps_default_hostfile")
+
+
+def all_here(hosts, launcher: str, env=os.environ) -> bool:
+    """Whether the launcher starts every rank on this machine (no host list but this one's,
+    no allocation to read one from): ``launch`` then knows that a rank it never saw died."""
+    import socket
+
+    if launcher == "srun" or any(name in env for name in ALLOCATION_VARIABLES):
+        return False
+    here = {"localhost", "127.0.0.1", socket.gethostname(), socket.gethostname().split(".")[0]}
+    return all(host in here for host, _ in hosts or ())
 
 
 def grow_loop(cmd, ranks, growth, rebuild, run_once, hosts=None) -> int:
@@ -187,11 +220,25 @@ def grow_loop(cmd, ranks, growth, rebuild, run_once, hosts=None) -> int:
         sys.stderr.flush()
 
 
-def with_resume(cmd: List[str]) -> List[str]:
-    """An mpilearn.train command that continues from the newest checkpoint."""
+def with_resume(cmd: List[str], output: Optional[str] = None) -> List[str]:
+    """An mpilearn.train command that continues from the newest checkpoint (in ``output``, the
+    run directory the job recorded, where the command does not name one: a config without
+    ``output`` gets a new default directory each time)."""
     if "mpilearn.train" in cmd and "--resume" not in cmd:
-        return cmd + ["--resume", "auto"]
+        cmd = cmd + ["--resume", "auto"]
+        if output and "--output" not in cmd:
+            cmd += ["--output", output]
     return cmd
+
+
+def recorded_output(path: str) -> Optional[str]:
+    """The run directory rank 0 recorded in the job's status file (``output DIR``), or None."""
+    try:
+        with open(path) as f:
+            dirs = [line.split(" ", 1)[1].strip() for line in f if line.startswith("output ")]
+    except OSError:
+        return None
+    return dirs[-1] if dirs else None
 
 
 def check_elastic(args) -> None:
@@ -284,19 +331,26 @@ def relaunches_asked(path: str) -> List[str]:
 
 
 def ulfm_relaunch(cmd: List[str], open_mpi: bool, ranks: int, restarts: int,
-                  growth: Optional[Growth] = None) -> int:
+                  growth: Optional[Growth] = None, here: bool = False) -> int:
     """ULFM mode: the survivors of a loss go on in the job, but ranks lost during start-up
     (before the in-memory cover begins) end it with 75 and a ``relaunch`` note; such a job runs
-    again with ``--resume auto``, up to ``restarts`` times. Any other status is final (a stop
-    signal's or a below-``min_ranks`` 75 included)."""
+    again with ``--resume auto`` in the run directory it recorded (or, lost before it chose
+    one, as it was), up to ``restarts`` times. Any other status is final (a stop signal's or a
+    below-``min_ranks`` 75 included)."""
     for attempt in range(1, restarts + 2):
         notes: List[str] = []
-        rc = launch(cmd, open_mpi, ranks, growth=growth, relaunch_notes=notes)
+        dirs: List[str] = []
+        rc = launch(cmd, open_mpi, ranks, growth=growth, relaunch_notes=notes, here=here,
+                    run_dirs=dirs)
         if rc != 75 or not notes or attempt > restarts:
             return rc
-        cmd = with_resume(cmd)
-        sys.stderr.write(f"mpilearn-run: the job {notes[0]}, exit 75; relaunching it with "
-                         f"--resume auto (restart {attempt} of {restarts})\n")
+        # lost before the run directory was chosen: nothing was written, the same command
+        # again; after: resume there
+        how = "as it was (nothing was written yet)"
+        if dirs or "--resume" in cmd:
+            cmd, how = with_resume(cmd, dirs[-1] if dirs else None), "with --resume auto"
+        sys.stderr.write(f"mpilearn-run: the job {notes[0]}, exit 75; relaunching it {how} "
+                         f"(restart {attempt} of {restarts})\n")
         sys.stderr.flush()
         if growth is not None:
             growth.started()
@@ -354,7 +408,8 @@ def _ended_with_this_process() -> None:
 
 
 def launch(cmd: List[str], open_mpi: bool, ranks: int = 1, aborted: Optional[list] = None,
-           growth: Optional[Growth] = None, relaunch_notes: Optional[list] = None) -> int:
+           growth: Optional[Growth] = None, relaunch_notes: Optional[list] = None,
+           here: bool = False, run_dirs: Optional[list] = None) -> int:
     """Runs the launcher; SIGINT/SIGTERM/SIGHUP to this process (Ctrl-C, ``kill``) reach
     the ranks as a SIGUSR1, which every launcher forwards and none turns into a kill (Open MPI's
     ``mpirun`` SIGKILLs the ranks 0.5 s after a SIGTERM or SIGINT), with the original signal's
@@ -370,19 +425,30 @@ def launch(cmd: List[str], open_mpi: bool, ranks: int = 1, aborted: Optional[lis
 
     Ranks that abort record it in a status file (``comm.record_abort``; appended to
     ``aborted`` as (rank, code, host)): the status is then never 0. A job whose 75 asks to be
-    run again says why there (``comm.record_relaunch``; appended to ``relaunch_notes``).
+    run again says why there (``comm.record_relaunch``; appended to ``relaunch_notes``), and
+    rank 0 names the run directory (``comm.record_output``; appended to ``run_dirs``).
 
     ``growth`` (an elastic job with a discovery script) is polled once the ranks listen; when
     it offers more slots the job is asked to grow as by a stop signal, its reason and target
-    in the note: the ranks grow in process and answer there, or stop (75) to be relaunched."""
+    in the note: the ranks grow in process and answer there, or stop (75) to be relaunched.
+
+    Start-up (``cluster/startwatch.py``, ``core/startup.py``): the ranks on this machine are
+    watched (all of them when ``here``: no other host). Under ULFM a rank lost before the
+    others could notice it (in ``MPI_Init`` they wait for it for ever) ends the job
+    :data:`startwatch.LOSS_GRACE` seconds later, with one line naming the rank and the phase
+    it was in, exit 75 and a ``relaunch`` note. A stop signal that finds ranks of this machine
+    still starting (in ``MPI_Init`` a rank cannot act on it) ends the job
+    :data:`START_STOP_GRACE` seconds after it came: nothing is saved yet, exit 75."""
     import glob
     import signal
     import tempfile
     import time
 
+    from ..core import startup
     from ..core.comm import STATUS_ENV
     from . import cause
     from .preempt import NOTE_ENV, REQUEUE_EXIT
+    from .startwatch import StartWatch, host as this_host
 
     fd, note = tempfile.mkstemp(prefix="mpilearn-run-", suffix=".signal")
     os.close(fd)
@@ -402,12 +468,16 @@ def launch(cmd: List[str], open_mpi: bool, ranks: int = 1, aborted: Optional[lis
     finally:
         os.close(write_end)
     scanner = cause.Scanner(read_end)
+    watch = StartWatch(child.pid, status, ranks if here else 0)
+    ulfm = any(c.startswith("--with-ft") for c in cmd)
     seen = []
     held = []  # the time the first signal came, until it is forwarded
+    came = []  # the time the first signal came
 
     def forward(signum, frame):
         seen.append(signum)
         if len(seen) == 1:
+            came.append(time.monotonic())
             with open(note, "w") as f:
                 f.write(signal.Signals(signum).name + "\n")
             held.append(time.monotonic())
@@ -421,9 +491,52 @@ def launch(cmd: List[str], open_mpi: bool, ranks: int = 1, aborted: Optional[lis
 
     # SIGHUP too: the launcher's own session no longer hears a closing terminal
     saved = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
-    aborted_at, killed = None, False
+    aborted_at, killed, ended_here = None, False, None
+
+    def end_job(line: str) -> None:
+        """Ends the job from here: this machine's ranks (each in its own process group: a
+        rank waiting in MPI_Init would outlive its launcher), then the launcher (its daemons
+        elsewhere end their ranks when it is gone)."""
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+        for pid in watch.local_pids():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        try:
+            os.killpg(child.pid, signal.SIGKILL)
+        except OSError:
+            pass
+        child.wait()
+
     try:
         while child.poll() is None:
+            watch.poll()
+            lost = watch.lost_in_start_up(lambda: [a[0] for a in aborted_ranks(status)]) \
+                if ulfm and watch.gone else None
+            if lost is not None and not relaunches_asked(status):
+                # the survivors wait where they cannot see it (or have not noticed yet)
+                rank, where = lost
+                reason = f"lost rank {rank} on {this_host()} during start-up ({where})"
+                with open(status, "a") as f:
+                    f.write(f"relaunch {reason}\n")
+                end_job(f"mpilearn-run: {reason}, where the other ranks cannot notice it; "
+                        "nothing trained was lost; ending the job (exit 75: run it again with "
+                        "--resume auto)")
+                ended_here = REQUEUE_EXIT
+                break
+            starting = watch.starting() if came and \
+                time.monotonic() - came[0] > START_STOP_GRACE else []
+            if starting:
+                who = ", ".join(f"rank {r}: {where}" for r, where in starting)
+                end_job(f"mpilearn-run: stopped by {signal.Signals(seen[0]).name} during "
+                        f"start-up: {START_STOP_GRACE:g} s later ranks were still starting "
+                        f"({who}), and a rank in MPI's initialisation cannot act on a stop; "
+                        "nothing saved; ending the job (exit 75: run it again with --resume "
+                        "auto)")
+                ended_here = REQUEUE_EXIT
+                break
             if aborted_at is None and os.path.getsize(status) and aborted_ranks(status):
                 aborted_at = time.monotonic()
             elif aborted_at is not None and time.monotonic() - aborted_at > ABORT_GRACE:
@@ -447,15 +560,18 @@ def launch(cmd: List[str], open_mpi: bool, ranks: int = 1, aborted: Optional[lis
                 held.clear()
                 child.send_signal(signal.SIGUSR1)
             time.sleep(0.05)
-        rc = child.returncode
+        rc = child.returncode if ended_here is None else ended_here
         if growth is not None:
             growth.interrupted = bool(seen)
         recorded = aborted_ranks(status)
         ended = ended_status(status)
+        relaunches_asked_list = relaunches_asked(status)
         if aborted is not None:
             aborted.extend(recorded)
         if relaunch_notes is not None:
-            relaunch_notes.extend(relaunches_asked(status))
+            relaunch_notes.extend(relaunches_asked_list)
+        if run_dirs is not None and recorded_output(status):
+            run_dirs.append(recorded_output(status))
         if recorded:
             who = ", ".join(f"rank {a[0]} (code {a[1]}{' on ' + a[2] if len(a) > 2 else ''})"
                             for a in recorded)
@@ -471,6 +587,13 @@ def launch(cmd: List[str], open_mpi: bool, ranks: int = 1, aborted: Optional[lis
     if killed:  # the status is the ranks' record, not the SIGKILL's
         rc = 0
     rc = honest_status(rc, recorded)
+    if ended_here is not None or (not seen and any(
+            n.startswith(startup.GAVE_UP) for n in relaunches_asked_list)):
+        # ended here (its line said why), or by the ranks' own bound on a start-up that waited
+        # in MPI_Init for a lost rank (core/startup.py: status 1, rank 0's line said why):
+        # nothing trained was lost, run it again
+        scanner.text()  # the launcher's last words come before the relaunch's
+        return REQUEUE_EXIT
     if ended is not None and rc > 128 and not recorded and not seen:
         sys.stderr.write(f"mpilearn-run: the launcher exited {rc} (a spawned rank lost, or a "
                          f"refused spawn, which the job survived); the job's own status is "
@@ -488,8 +611,14 @@ def launch(cmd: List[str], open_mpi: bool, ranks: int = 1, aborted: Optional[lis
     # a killed rank: one line naming it (the survivors' SIGTERMs were only the consequence);
     # mpilearn's own statuses already have theirs (a traceback, bad input, the watchdog)
     if not seen and (rc not in KNOWN_EXITS or cause.first_failure(report)):
-        sys.stderr.write(cause.describe(report, rc, oom_before, cause.oom_kills()) + "\n")
+        sys.stderr.write(cause.describe(report, rc, oom_before, cause.oom_kills(),
+                                        during=watch.during) + "\n")
     return rc
+
+
+# seconds a stop signal waits for the ranks of this machine that are still starting before
+# mpilearn-run ends the job: under SLURM's KillWait (30 s), the grace a scheduler gives
+START_STOP_GRACE = float(os.environ.get("MPILEARN_START_STOP_GRACE", "15"))
 
 
 # statuses whose cause mpilearn's ranks already named: done, a traceback (1), bad input (2),
