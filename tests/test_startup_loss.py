@@ -210,3 +210,24 @@ def test_sigterm_to_mpilearn_run_ends_a_start_up_stuck_in_mpi_init(toy_file, tmp
         "initialisation)"), output[-3000:]
     assert "relaunching" not in output and "Traceback" not in output, output[-3000:]
     wait_until_gone(str(tmp_path / "toy.yaml"), timeout=20)  # the stuck rank is gone too
+
+
+def test_a_sweep_that_lost_a_rank_before_mpi_init_ends_too(tmp_path):
+    """The same wait under ``python -m mpilearn.optimize`` (a sweep, ULFM): one line, 75."""
+    site = killer(tmp_path, "import mpi4py", rank=1)
+    path = tmp_path / "hpo.yaml"
+    path.write_text(yaml.safe_dump({
+        "output": str(tmp_path / "sweep"),
+        "search": {"searcher": "random", "budget": 2, "blocks": 1, "folds": 1,
+                   "objective": {"function": "objectives:fragile"},
+                   "space": {"x": {"type": "real", "low": 0, "high": 1}}}}))
+    proc = run([sys.executable, "-m", "mpilearn.run", "-np", "3", "--min-np", "2",
+                "--max-restarts", "0", sys.executable, "-m", "mpilearn.optimize", "--config",
+                str(path), "--no-progress"],
+               env_with(site, PYTHONPATH=os.pathsep.join([str(site), TESTS])))
+    assert proc.returncode == 75, proc.output[-3000:]
+    assert proc.ended - killed_at(site) < BOUND
+    lines = [line for line in proc.output.splitlines() if "lost rank 1" in line]
+    assert len(lines) == 1 and lines[0].startswith("mpilearn-run: lost rank 1 on ") and \
+        "during start-up (MPI's initialisation)" in lines[0], proc.output[-3000:]
+    assert "Traceback" not in proc.output, proc.output[-3000:]

@@ -360,7 +360,14 @@ def main(argv=None) -> int:
     add_force_unlock(p)
     args = p.parse_args(argv)
     preempt.install()
+    from ..core import startup
+
+    # under ULFM, a rank lost before MPI_Init returned would hold the others there for ever:
+    # the guard bounds it, and mpilearn-run sees its phases (core/startup.py); after it, a lost
+    # rank is MPI's to report (the sweep's own handling: hpo/elastic.py)
+    guard = startup.arm()
     ctx = mcomm.init()
+    guard.started()
     world = ctx.comm
     stage.leave_on_exit(ctx.local_rank)
     try:
