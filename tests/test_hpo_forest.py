@@ -69,7 +69,8 @@ def test_fits_run_off_the_asks():
     ({"n_trees": 8}, "search.options.n_trees: not an option of the forest searcher "
                      "(did you mean 'trees'?)"),
     ({"trees": 1}, "trees must be at least 2"),
-    ({"kappa": -1.0}, "kappa must be >= 0"),
+    ({"kappa": -1.0}, "kappa and niche must be >= 0"),
+    ({"niche": -0.1}, "niche -0.1"),
     ({"local_scale": 2.0}, "local_scale in (0, 1]"),
     ({"n_initial": 0}, "n_initial must be at least 1"),
 ])
