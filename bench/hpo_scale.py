@@ -11,15 +11,18 @@ Every sweep is ``mpirun -np 2``: rank 0 runs the real coordinator (journal with 
 commits, prefetcher, searcher), rank 1 plays the workers with the messages real blocks send
 (``mpilearn.hpo.simulate``: why that is faithful is in its docstring). A trial lasts a
 log-normal time (sigma 0.5; median ``max(1 s, workers / 100 s)``, so the coordinator sees
-about 100 requests a second at every size) and returns Hartmann-6 plus Gaussian noise (sd 0.1).
+about 100 requests a second at every size) and returns Hartmann-6 plus Gaussian noise (sd 0.1),
+or with ``--problem ackley10`` Ackley in 10 dimensions on [-5, 10]^10 (sd 0.1).
 
 Searchers: random, evolution (DEAP), gp (scikit-optimize's GP; past 16 busy points, batches
 from one model with per-point exploration weights: the scalable path), forest (extra trees on
 every result, a UCB weight and half the trees drawn per suggestion, refits in their own
 thread: ``searchers.ForestSearcher``), and Optuna's TPE
 (``TPESampler(constant_liar=True)`` through its documented ask/tell, driven by the same
-coordinator and prefetcher as ours). gp, forest and TPE start with one random point per
-worker (the first wave has no data to model).
+coordinator and prefetcher as ours), and DeepHyper's centralised BO (``deephyper.hpo.CBO``:
+extra trees, UCB, ``qUCBd`` batches, through its ask/tell; a bench extra,
+``bench/requirements-peers.txt``). gp, forest, TPE and DeepHyper start with one random point
+per worker (the first wave has no data to model).
 
 Reported per worker count and searcher (mean over seeds; regret: median over seeds):
 - utilisation: trial time / each worker's time in the sweep (from the start until it is
@@ -56,11 +59,10 @@ import numpy as np
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
-from mpilearn.hpo import benchmarks  # noqa: E402
 from mpilearn.hpo.searchers import Searcher  # noqa: E402
 from mpilearn.hpo.space import trial_key  # noqa: E402
 
-SEARCHERS = ("random", "evolution", "gp", "forest", "optuna-tpe")
+SEARCHERS = ("random", "evolution", "gp", "forest", "optuna-tpe", "deephyper-cbo")
 
 
 class OptunaTPE(Searcher):
@@ -107,38 +109,83 @@ class OptunaTPE(Searcher):
                     params=point, distributions=self.dists, value=float(loss)))
 
 
+class DeepHyperCBO(Searcher):
+    """DeepHyper's centralised Bayesian optimisation (``deephyper.hpo.CBO``, 0.13.2: an
+    extra-trees surrogate, UCB with its decaying kappa) through its documented ``ask``/``tell``,
+    driven by the same coordinator and prefetcher as ours; a batch by its ``qUCBd`` strategy
+    (one fit, a kappa drawn per point: what its docs recommend over constant liar's refits for
+    large batches). DeepHyper maximises: it is told minus the loss; a failed trial is "F".
+    A bench extra: ``pip install -r bench/requirements-peers.txt``."""
+
+    def __init__(self, space, seed, n_initial, log_dir):
+        super().__init__(space, seed)
+        import logging
+
+        from deephyper.hpo import CBO, HpProblem
+
+        logging.getLogger("deephyper").setLevel(logging.WARNING)
+        problem = HpProblem()
+        for p in space.params:
+            problem.add_hyperparameter((float(p.low), float(p.high)), p.name)
+        self.search = CBO(problem, random_state=seed, log_dir=log_dir,
+                          checkpoint_history_to_csv=False, n_initial_points=n_initial,
+                          surrogate_model="ET", acq_func="UCBd", multi_point_strategy="qUCBd")
+        self.n_initial, self.handed = n_initial, 0
+
+    def ask_many(self, n, pending=(), exclude=()):
+        out = []
+        for config in self.search.ask(n):
+            point = {k: float(config[k]) for k in self.space.names}
+            if trial_key(point) in exclude:
+                continue
+            out.append((point, "initial" if self.handed < self.n_initial else "model"))
+            self.handed += 1
+        return out
+
+    def tell_many(self, results):
+        if results:
+            self.search.tell([(dict(point), "F" if loss is None else -float(loss))
+                              for point, loss in results])
+
+
 def one(argv) -> int:
     """Under mpirun: one sweep (``mpilearn.hpo.simulate``), with Optuna's TPE if asked."""
     from mpilearn.hpo import simulate
 
     args, _ = simulate.parser().parse_known_args(argv)
-    factory = (lambda space, seed: OptunaTPE(space, seed, args.workers)) \
-        if args.searcher == "optuna-tpe" else None
+    factory = None
+    if args.searcher == "optuna-tpe":
+        factory = lambda space, seed: OptunaTPE(space, seed, args.workers)  # noqa: E731
+    elif args.searcher == "deephyper-cbo":
+        factory = lambda space, seed: DeepHyperCBO(  # noqa: E731
+            space, seed, args.workers, os.path.join(args.out, "deephyper"))
     return simulate.main(argv, factory)
 
 
-def sweep(searcher, workers, seed, median_s, tmp, fail=0.0):
-    out = os.path.join(tmp, f"{searcher}-{workers}-{seed}-{fail:g}")
+def sweep(searcher, workers, seed, median_s, tmp, fail=0.0, problem="hartmann6"):
+    out = os.path.join(tmp, f"{searcher}-{workers}-{seed}-{fail:g}-{problem}")
     options = {"n_initial": workers} if searcher in ("gp", "forest") else {}
     cmd = ["mpirun", "-np", "2", "--oversubscribe", sys.executable, os.path.abspath(__file__),
            "--one", "--workers", str(workers), "--searcher", searcher, "--seed", str(seed),
            "--median-s", str(median_s), "--out", out, "--options", json.dumps(options),
-           "--fail-fraction", str(fail)]
+           "--fail-fraction", str(fail), "--problem", problem]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "OMPI_ALLOW_RUN_AS_ROOT": "1",
            "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO)
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
-    return metrics(out)
+    return metrics(out, problem)
 
 
-def metrics(out):
+def metrics(out, problem="hartmann6"):
+    from mpilearn.hpo.simulate import PROBLEMS
+
     sim = json.load(open(os.path.join(out, "sim.json")))
     journal = [json.loads(line) for line in open(os.path.join(out, "journal.jsonl"))]
     origins = Counter(e.get("origin") for e in journal if e["event"] == "started")
     post = sum(origins.values()) - origins["initial"] - origins["enqueued"]
     trials = sorted(sim["trials"], key=lambda t: t[1])  # by end time
-    regret = np.minimum.accumulate([t[2] for t in trials]) - benchmarks.HARTMANN6_MIN
+    regret = np.minimum.accumulate([t[2] for t in trials]) - PROBLEMS[problem][1]
     busy, window = np.array(sim["busy_s"]), np.array(sim["window_s"])
     lat, cpu = np.array(sim["latency_s"]), np.array(sim["decision_cpu_s"])
     queued = np.array(sim["queued"], dtype=bool)
@@ -190,7 +237,11 @@ IDLE = (("idle_model_wait", "model"), ("idle_dispatch", "dispatch"),
 
 
 def table(rows, sizes, searchers, seeds):
-    md = [f"Hartmann-6 + noise (sd 0.1), 10 evaluations per worker, {len(seeds)} seed(s); "
+    from mpilearn.hpo.simulate import PROBLEMS
+
+    problems = sorted({r.get("problem", "hartmann6") for r in rows})
+    md = [", ".join(f"{p} + noise (sd {PROBLEMS[p][2]:g})" for p in problems)
+          + f", 10 evaluations per worker, {len(seeds)} seed(s); "
           "regret: median over seeds after all evaluations (noise-free value of the best point "
           "found); the rest: mean over seeds. Decision: the coordinator's time from a "
           "block's request to its answer, with the journal's fsync, for the requests it "
@@ -268,6 +319,8 @@ def main():
     ap.add_argument("--jobs", type=int, help="sweeps run at once (default 1; --quick: 2)")
     ap.add_argument("--fail-fraction", type=float, nargs="+", default=[0.0],
                     help="shares of the blocks that fail mid-sweep, one row each (0 0.01)")
+    ap.add_argument("--problem", default="hartmann6", choices=("hartmann6", "ackley10", "branin"),
+                    help="the function every sweep minimises (mpilearn.hpo.simulate)")
     ap.add_argument("--out", default=os.path.join(REPO, "bench", "results", "hpo_scale"))
     a = ap.parse_args()
     sizes = a.workers or ([8, 64] if a.quick else [8, 64, 256, 1024])
@@ -280,7 +333,7 @@ def main():
             s, w, seed, median_s, fail = job
             start = time.perf_counter()
             row = {"searcher": s, "workers": w, "seed": seed, "median_s": median_s, "fail": fail,
-                   **sweep(s, w, seed, median_s, tmp, fail)}
+                   "problem": a.problem, **sweep(s, w, seed, median_s, tmp, fail, a.problem)}
             print(json.dumps({k: v for k, v in row.items() if k not in ("regret_curve", "end_s")})
                   + f"  ({time.perf_counter() - start:.0f} s)", flush=True)
             return row

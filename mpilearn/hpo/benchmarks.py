@@ -26,6 +26,17 @@ def hartmann6(p):
     return float(-np.sum(_ALPHA * np.exp(-np.sum(_A * (x - _P) ** 2, axis=1))))
 
 
+ACKLEY10_MIN = 0.0
+
+
+def ackley10(p):
+    """Ackley in 10 dimensions on [-5, 10]^10 (the domain TuRBO's and BoTorch's papers use):
+    one narrow global minimum, 0 at the origin, in a field of local ones."""
+    x = np.array([p[f"x{i}"] for i in range(1, 11)])
+    return float(-20 * np.exp(-0.2 * np.sqrt(np.mean(x ** 2)))
+                 - np.exp(np.mean(np.cos(2 * np.pi * x))) + 20 + math.e)
+
+
 def noisy_branin(p):
     rng = np.random.default_rng(abs(hash((round(p["x1"], 9), round(p["x2"], 9)))) % 2 ** 32)
     return branin(p) + rng.normal(0, 2.0)
@@ -34,5 +45,7 @@ def noisy_branin(p):
 def space(name):
     if name == "hartmann6":
         return {f"x{i}": {"type": "real", "low": 0.0, "high": 1.0} for i in range(1, 7)}
+    if name == "ackley10":
+        return {f"x{i}": {"type": "real", "low": -5.0, "high": 10.0} for i in range(1, 11)}
     return {"x1": {"type": "real", "low": -5.0, "high": 10.0},
             "x2": {"type": "real", "low": 0.0, "high": 15.0}}

@@ -1,14 +1,14 @@
 """A sweep with simulated blocks: one rank plays many blocks against the real coordinator.
 
     mpirun -np 2 python -m mpilearn.hpo.simulate --workers 64 --out DIR [--searcher gp]
-        [--evals-per-worker 10] [--problem hartmann6|branin] [--median-s 0.5] [--resume]
+        [--evals-per-worker 10] [--problem hartmann6|branin|ackley10] [--median-s 0.5] [--resume]
         [--fail-fraction 0.01 [--hang-share 0.5] [--hang-s S]]
 
 Rank 0 runs the sweep's own :class:`Coordinator` with its journal, searcher, prefetcher and
 pruner: the code ``python -m mpilearn.optimize`` runs. Rank 1 plays N blocks. Each one sends
 what a real block leader sends (``TAG_BLOCK``: its block number and its last result) and
 takes its next trial from the answer (``TAG_TRIAL``). A trial lasts a log-normal time (the
-spread of real trials) and returns a noisy Hartmann-6 or Branin value.
+spread of real trials) and returns a noisy Hartmann-6, Branin or Ackley-10 value.
 
 Why this is faithful to N real blocks: the coordinator probes any source and answers one
 message at a time in either case, and the messages are the same, so it cannot tell the two
@@ -51,7 +51,8 @@ from .space import Space
 
 TAG_STATS = 91
 PROBLEMS = {"hartmann6": (benchmarks.hartmann6, benchmarks.HARTMANN6_MIN, 0.1),
-            "branin": (benchmarks.branin, benchmarks.BRANIN_MIN, 2.0)}  # f, min, noise sd
+            "branin": (benchmarks.branin, benchmarks.BRANIN_MIN, 2.0),
+            "ackley10": (benchmarks.ackley10, benchmarks.ACKLEY10_MIN, 0.1)}  # f, min, noise sd
 
 
 def duration(seed: int, trial: int, median_s: float, sigma: float) -> float:
