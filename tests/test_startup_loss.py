@@ -176,10 +176,27 @@ def test_ulfm_without_mpilearn_run_the_ranks_own_bound_ends_the_wait(toy_file, t
     assert "Traceback" not in proc.output and "Timeout" not in proc.output, proc.output[-3000:]
     lines = [line for line in proc.output.splitlines() if line.startswith("mpilearn: ")]
     assert lines == [
-        "mpilearn: start-up stopped after 6 s in MPI's initialisation, which waits for every "
+        "mpilearn: gave up its start-up after 6 s in MPI's initialisation, which waits for every "
         "rank: a rank was lost, or never started, before it joined; nothing trained was lost: "
         "run it again with --resume auto (the bound: MPILEARN_START_TIMEOUT, mpilearn-run "
         "--start-timeout)"], proc.output[-3000:]
+
+
+def test_a_rank_stuck_before_mpi_init_is_bounded_under_mpilearn_run_too(toy_file, tmp_path):
+    """Rank 2 alive but stuck before MPI_Init (nothing for mpilearn-run to see die): the
+    ranks' bound (``--start-timeout``) ends the job, and mpilearn-run reads it as a start-up
+    loss: 75, a relaunch asked (--max-restarts 0: not taken)."""
+    site = killer(tmp_path, "import mpi4py", hang=True)
+    start = time.time()
+    proc = mpilearn_run(tmp_path, toy_file, site, "--min-np", "2", "--max-restarts", "0",
+                        "--start-timeout", "5")
+    assert proc.returncode == 75, proc.output[-3000:]
+    assert 5 <= proc.ended - start < 5 + BOUND, proc.output[-3000:]
+    ours = [line for line in proc.output.splitlines() if line.startswith("mpilearn")]
+    assert len(ours) == 2 and ours[1].startswith("mpilearn: gave up its start-up after 5 s in "
+                                                 "MPI's initialisation"), proc.output[-3000:]
+    assert "Traceback" not in proc.output, proc.output[-3000:]
+    wait_until_gone(str(tmp_path / "toy.yaml"), timeout=20)  # the stuck rank too
 
 
 def test_sigterm_to_mpilearn_run_ends_a_start_up_stuck_in_mpi_init(toy_file, tmp_path):

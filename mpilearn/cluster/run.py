@@ -587,7 +587,7 @@ def launch(cmd: List[str], open_mpi: bool, ranks: int = 1, aborted: Optional[lis
     if killed:  # the status is the ranks' record, not the SIGKILL's
         rc = 0
     rc = honest_status(rc, recorded)
-    if ended_here is not None or (not seen and any(
+    if ended_here is not None or (not seen and rc not in (0, REQUEUE_EXIT) and any(
             n.startswith(startup.GAVE_UP) for n in relaunches_asked_list)):
         # ended here (its line said why), or by the ranks' own bound on a start-up that waited
         # in MPI_Init for a lost rank (core/startup.py: status 1, rank 0's line said why):

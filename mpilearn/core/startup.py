@@ -13,11 +13,11 @@ rank can act, and a stop signal's handler never runs.
 
 So, where ULFM is on (``OMPI_MCA_mpi_ft_enable``, which ``mpirun --with-ft ulfm`` sets), the
 rank ends itself when its ``MPI_Init`` has not returned ``MPILEARN_START_TIMEOUT`` seconds
-(default 120; ``mpilearn-run --start-timeout``; 0: no bound) after it began (:func:`arm`):
-faulthandler's timer, a C thread that needs no interpreter lock, exits with status 1 (a
-signal would read as 0 under ULFM), and a watcher process forked before MPI starts says so in
-one line (rank 0's) and leaves a ``relaunch`` note for ``mpilearn-run``, which returns 75 and,
-with ``--min-np``, runs the job again. ``mpilearn-run`` sees the ranks on its own machine die
+(default 120; ``mpilearn-run --start-timeout``; 0: no bound) after it began (:func:`arm`): a
+watcher process forked before MPI starts says so in one line (rank 0's) and leaves a
+``relaunch`` note for ``mpilearn-run``, which returns 75 and, with ``--min-np``, runs the job
+again; a second later faulthandler's timer, a C thread that needs no interpreter lock, exits
+the rank with status 1 (a signal would read as 0 under ULFM). ``mpilearn-run`` sees the ranks on its own machine die
 and ends such a job at once (``cluster/startwatch.py``); this bound is for the ranks it cannot
 see (other nodes) and for a plain ``mpirun --with-ft ulfm``. Once ``MPI_Init`` has returned,
 a loss is MPI's to report: the survivors name it and exit 75 (``membership.outside_training``,
@@ -32,8 +32,10 @@ from __future__ import annotations
 
 import faulthandler
 import os
+import select
 import signal
 import sys
+from typing import Optional
 
 START_TIMEOUT_ENV = "MPILEARN_START_TIMEOUT"
 DEFAULT_START_TIMEOUT = 120.0
@@ -45,7 +47,7 @@ CONFIG = "reading the config"
 MEMBERSHIP = "joining the membership"
 STARTED = "started"   # start-up is over: a loss from here is the training loop's to survive
 LEAVING = "leaving"   # the rank's exit status is decided: its end is not a loss
-GAVE_UP = "start-up stopped after"  # how the watcher's relaunch note begins
+GAVE_UP = "gave up its start-up after"  # how the watcher's relaunch note begins
 
 
 def ulfm(env=os.environ) -> bool:
@@ -80,7 +82,8 @@ class Guard:
     def __init__(self, rank: int, seconds: float, watch: bool):
         self.rank, self.seconds = rank, seconds
         self.record = not spawned()
-        self._dump = None  # where the bound's dump goes: the watcher's pipe
+        self._pipe: Optional[int] = None  # the watcher's: closed, the watcher ends quietly
+        self._devnull = None  # where faulthandler's dump goes (kept open while it is armed)
         if watch and seconds > 0 and self.record:
             self._bound()
         self.phase(MPI_INIT)
@@ -93,10 +96,11 @@ class Guard:
 
     def mpi_up(self) -> None:
         """``MPI_Init`` returned: from here MPI reports a lost rank; the bound ends."""
-        if self._dump is not None:
+        if self._pipe is not None:
             faulthandler.cancel_dump_traceback_later()
-            self._dump.close()  # the watcher reads the end of its pipe and exits
-            self._dump = None
+            self._devnull.close()
+            os.close(self._pipe)  # the watcher reads the end of its pipe and exits
+            self._pipe = self._devnull = None
 
     def started(self) -> None:
         self.mpi_up()
@@ -107,9 +111,10 @@ class Guard:
         self.phase(LEAVING)
 
     def _bound(self) -> None:
-        """The bound is faulthandler's timer (a C thread: it needs no interpreter lock), which
-        writes the stacks into a pipe and ends the rank with status 1; a watcher process on the
-        pipe's other end turns that into one line and a note for ``mpilearn-run``."""
+        """A watcher process says it at the bound, one line and a note for ``mpilearn-run``,
+        while the rank still runs (its output reaches the launcher through the rank's); then
+        faulthandler's timer (a C thread: it needs no interpreter lock) ends the rank with
+        status 1, :data:`EXIT_LAG` seconds later."""
         read_end, write_end = os.pipe()
         pid = os.fork()
         if pid == 0:  # the watcher: never returns into the rank's code
@@ -119,25 +124,25 @@ class Guard:
             finally:
                 os._exit(0)
         os.close(read_end)
-        self._dump = os.fdopen(write_end, "w")
-        faulthandler.dump_traceback_later(self.seconds, exit=True, file=self._dump)
+        self._pipe = write_end
+        self._devnull = open(os.devnull, "w")
+        faulthandler.dump_traceback_later(self.seconds + EXIT_LAG, exit=True,
+                                          file=self._devnull)
+
+
+EXIT_LAG = 1.0  # seconds from the watcher's line to the rank's end
 
 
 def _watch(read_end: int, rank: int, seconds: float) -> None:
-    """In the watcher process: the pipe ends with nothing written (``MPI_Init`` returned, or
-    the rank is gone), or with the bound's dump (the rank ends with status 1): say so."""
+    """In the watcher process: the pipe ends before the bound (``MPI_Init`` returned, or the
+    rank is gone: the kernel closes it), or the bound comes first: say so."""
     # a signal meant for the job (a terminal's Ctrl-C, srun's SIGTERM to every process) is the
-    # rank's; the watcher stays until the pipe ends
+    # rank's; the watcher stays until the pipe ends or the bound
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)
-    dumped = False
-    while True:
-        chunk = os.read(read_end, 65536)
-        if not chunk:
-            break
-        dumped = True
-    if not dumped:
-        return
+    ready, _, _ = select.select([read_end], [], [], seconds)
+    if ready:
+        return  # closed (nothing is ever written)
     reason = (f"{GAVE_UP} {seconds:g} s in {MPI_INIT}, which waits for every rank: a rank "
               "was lost, or never started, before it joined")
     if rank == 0:  # one line: every rank waits there alike
