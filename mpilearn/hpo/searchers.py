@@ -369,9 +369,10 @@ class ForestSearcher(Searcher):
       values), each at least ``niche`` sqrt(d) from every better one: local search goes on in
       several basins at once. Without it (``niche`` 0) the centres all sat in the basin found
       first: at 4 096 simulated workers on Hartmann-6 the search ended in the second basin
-      (regret 0.12, as the GP's 0.13); with 0.1, at 0.0033 (one seed, virtual time). At 1 024
-      workers over 6 seeds, 0.2 with 40 centres left no seed above 0.043 (0.1 with 20: two of
-      7 seeds at 0.13).
+      (regret 0.12, as the GP's 0.13); with 0.1, at 0.0033, with 0.2 and 40 centres at
+      0.0008 (one seed, virtual time: ``bench/hpo_virtual.py``). At 1 024 workers over 7
+      seeds: median 0.019, none above 0.042 (0.1 with 20 centres: median 0.041, two at
+      0.12-0.14); the GP's median there is 0.0032: it refines one basin more finely.
     Cost per batch: one prediction of every tree on the candidates, whatever the number of
     blocks, busy points or results.
     """
