@@ -19,7 +19,8 @@ seed above 1.5x np=1's median, np=2 both too; np=2 reaches the band's worst fina
 np=1's training time. Resumable and shareable across sessions: each run is a run directory
 under OUT/runs; ``--only NAME,...`` runs a share; the table is written from whatever runs are
 finished (a run still missing is listed as such). ``--prior JSON`` takes finished runs' curves
-from an earlier table (bench/results/convergence_smooth.json holds np1-seed0..2).
+from earlier tables (bench/results/convergence_smooth.json holds np1-seed0..2; the committed
+scale_rules.json holds every run finished so far, so a session goes on from there).
 
     python bench/scale_rules.py --only np4-auto-seed0,np1-seed3 --out /work/runs/scale_rules
     python bench/scale_rules.py --out /work/runs/scale_rules   # every run (~17 CPU-hours)
@@ -214,8 +215,10 @@ def plot(curves: dict, out: str) -> list:
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", type=lambda v: v.split(","), default=None, metavar="NAME,...")
-    ap.add_argument("--prior", default=os.path.join(RESULTS, "convergence_smooth.json"),
-                    help="an earlier table whose finished runs count (same protocol)")
+    ap.add_argument("--prior", action="append", default=None, metavar="JSON",
+                    help="earlier tables whose finished runs count (same protocol; default: "
+                    "bench/results/convergence_smooth.json and scale_rules.json, so a new "
+                    "session goes on from the runs the last one committed)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)
@@ -224,9 +227,15 @@ def main():
     p = dict(conv.PRESETS["smooth"])
     os.makedirs(args.out, exist_ok=True)
     files, val = conv.simulate_data(os.path.join(args.out, "runs", "data"), p)
-    prior = json.load(open(args.prior)) if args.prior and os.path.exists(args.prior) else {}
-    prior_cpu = {n: r.get("cpu_seconds") for n, r in
-                 prior.get("summary", {}).get("rows", {}).items()}
+    prior, prior_cpu = {"curves": {}}, {}
+    for path in args.prior or [os.path.join(RESULTS, f) for f in ("convergence_smooth.json",
+                                                                   "scale_rules.json")]:
+        if os.path.exists(path):
+            table = json.load(open(path))
+            prior["curves"].update(table.get("curves", {}))
+            prior_cpu.update({n: r.get("cpu_seconds") for n, r in
+                              table.get("summary", {}).get("rows", {}).items()})
+            prior_cpu.update(table.get("cpu", {}))
     specs = {spec[0]: spec for spec in plan()}
     curves, collapsed, missing, cpu = {}, {}, [], {}
     for name, spec in specs.items():
