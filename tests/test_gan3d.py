@@ -155,7 +155,8 @@ def test_two_rank_gan_equals_one_rank_with_double_batch(showers_dir, tmp_path):
     """Exact up to batch norm: with BN and dropout off and float64 arithmetic (so that the
     order of the allreduce sums cannot matter), any difference is a protocol bug."""
     exact = ["--set", "hparams.batch_norm=false", "--set", "hparams.dropout=0.0",
-             "--set", "hparams.dtype=float64"]
+             "--set", "hparams.dtype=float64",
+             "--set", "train.base_batch=8"]  # the lr was tuned at the global batch: no rule
     one = gan_run(1, showers_dir, tmp_path / "one", 8, *exact)
     two = gan_run(2, showers_dir, tmp_path / "two", 4, *exact)
     assert one.returncode == 0, one.stderr
@@ -281,7 +282,8 @@ def test_gan_training_with_validation_and_validate_cli(showers_dir, tmp_path):
     # a short epoch line: the headline numbers with their floor ratios, no raw dict
     epoch_lines = [l for l in proc.stdout.splitlines() if l.startswith("epoch ")]
     assert len(epoch_lines) == 2 and all("x floor)" in l and "{" not in l for l in epoch_lines)
-    assert "auc_high" in epoch_lines[1] and len(epoch_lines[1]) < 300, epoch_lines
+    # (FPD and KPD carry their σ and floor with its error: about 40 characters each)
+    assert "auc_high" in epoch_lines[1] and len(epoch_lines[1]) < 360, epoch_lines
     assert "train_g_loss" in epoch_lines[0] and "train_g_ecal" not in epoch_lines[0]  # no terms
     assert {"train_d_loss", "train_g_loss", "train_g_ecal", "val_d_loss", "val_g_loss"} <= set(lines[0])
     for name in ("profiles.png", "sampling_fraction.png", "spectra.png", "validation.json",

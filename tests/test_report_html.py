@@ -36,9 +36,12 @@ def browser():
 
 def open_page(driver, path):
     """Loads the page; returns its text. Asserts every image loaded and the console is clean."""
+    from selenium.webdriver.support.ui import WebDriverWait
+
     driver.get("file://" + os.path.abspath(path))
-    state = driver.execute_script("return document.readyState")
-    assert state == "complete"
+    # its images may still be decoding when get() returns on a busy machine
+    WebDriverWait(driver, 30).until(
+        lambda d: d.execute_script("return document.readyState") == "complete")
     images = driver.execute_script(
         "return Array.from(document.images).map(i => [i.getAttribute('src'), i.complete, "
         "i.naturalWidth])")

@@ -38,6 +38,7 @@ import argparse
 import json
 import os
 import sys
+from typing import Optional
 from types import SimpleNamespace
 
 import numpy as np
@@ -78,13 +79,20 @@ def prepare(args):
     return checkpoint, config, expand_files(args.mc, "--mc"), generated
 
 
-def split_mc(count: int, events, seed: int = 0) -> np.ndarray:
+def split_mc(count: int, events, seed: int = 0, covered: Optional[int] = None) -> np.ndarray:
     """The MC's event numbers, the compared half then the floor's (``physics.halves``), each
     sorted: a seeded permutation of the MC alone, so that the floor depends on the MC file,
-    ``events`` and ``seed``, never on what it is compared with (with --generated, the showers
-    read are those at the compared half's event numbers)."""
+    ``events`` and ``seed``, never on the generator (with --generated, the showers read are
+    those at the compared half's event numbers; a generated file of ``covered`` < ``count``
+    showers, made for the MC's first events, has the compared half drawn from those)."""
     half = count // 2 if events is None else min(events, count // 2)
-    picked = np.random.default_rng(seed).permutation(count)
+    rng = np.random.default_rng(seed)
+    if covered is not None and covered < count:
+        half = min(half, covered)
+        compared = rng.permutation(covered)[:half]
+        rest = np.setdiff1d(np.arange(count), compared)
+        return np.concatenate([np.sort(compared), np.sort(rng.permutation(rest)[:half])])
+    picked = rng.permutation(count)
     if half == 0:
         return np.sort(picked[:1])
     return np.concatenate([np.sort(picked[:half]), np.sort(picked[half:2 * half])])
@@ -194,7 +202,8 @@ def main(argv=None) -> int:
                     os.path.join(output, "validation.json")]:
                 if os.path.isfile(old):
                     os.remove(old)
-        events = split_mc(len(mc), args.events, args.seed)
+        events = split_mc(len(mc), args.events, args.seed,
+                          len(generated) if generated is not None else None)
         title = " ".join(filter(None, [
             f"run {os.path.basename(os.path.abspath(run))}" if run else None,
             epoch,

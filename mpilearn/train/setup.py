@@ -39,8 +39,9 @@ def new_task(config: dict):
     task = build_task(builder, config["model"], config["hparams"])
     task.precision = train["precision"]
     task.compile_mode, task.channels_last = train["compile"], train["channels_last"]
-    task.noise_scale = train["noise_scale"]["enabled"] and train["algorithm"] == "allreduce"
-    task.halves_every = train["noise_scale"]["halves_every"]
+    noise = train.get("noise_scale", {})  # a partial config (a replay's) measures nothing
+    task.noise_scale = noise.get("enabled", False) and train.get("algorithm") == "allreduce"
+    task.halves_every = noise.get("halves_every", 0)
     return task
 
 
