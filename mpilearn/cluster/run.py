@@ -103,15 +103,21 @@ def build_command(np_: int, hosts: Optional[List[Tuple[str, int]]], command: Lis
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(
         prog="mpilearn-run", description="Launch a command on N MPI ranks, like horovodrun.")
-    parser.add_argument("-np", "--num-proc", dest="np", type=int, required=True)
-    parser.add_argument("-H", "--hosts", default=None, help="host1:slots,host2:slots")
-    parser.add_argument("--hostfile", "-hostfile", default=None)
-    parser.add_argument("--launcher", choices=("auto", "mpirun", "srun"), default="auto")
+    parser.add_argument("-np", "--num-proc", dest="np", type=int, required=True,
+                        help="ranks to start (one per GPU; horovodrun's -np)")
+    parser.add_argument("-H", "--hosts", default=None,
+                        help="host1:slots,host2:slots (default: this machine)")
+    parser.add_argument("--hostfile", "-hostfile", default=None,
+                        help="a file of hosts, one 'host slots=N' (or host:N) a line")
+    parser.add_argument("--launcher", choices=("auto", "mpirun", "srun"), default="auto",
+                        help="auto: srun inside a SLURM job given no hosts, else mpirun")
     parser.add_argument("--mpi-args", default="", help="extra arguments for mpirun/srun")
     parser.add_argument("--dry-run", action="store_true", help="print the command, run nothing")
     parser.add_argument("--gloo", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--verbose", action="store_true")
-    parser.add_argument("-p", "--ssh-port", type=int, default=None)
+    parser.add_argument("--verbose", action="store_true",
+                        help="accepted for horovodrun's scripts; prints nothing more")
+    parser.add_argument("-p", "--ssh-port", type=int, default=None,
+                        help="the port of sshd on the other hosts (mpirun's rsh agent)")
     parser.add_argument("--start-timeout", type=float, default=None, metavar="SECONDS",
                         help="the bound on a rank's start-up wait under ULFM (--min-np with "
                              "Open MPI 5): a rank whose MPI initialisation has not ended this "
@@ -129,7 +135,8 @@ def main(argv=None) -> int:
                              "during start-up (ULFM mode); default 3")
     parser.add_argument("--host-discovery-script", default=None,
                         help="prints the available hosts, one host:slots a line")
-    parser.add_argument("command", nargs=argparse.REMAINDER)
+    parser.add_argument("command", nargs=argparse.REMAINDER,
+                        help="what every rank runs, e.g. python -m mpilearn.train --config c.yaml")
     args = parser.parse_args(argv)
     if args.gloo:
         parser.error("--gloo: mpilearn runs on MPI only")
