@@ -64,10 +64,18 @@ def test_relaunch_leaves_out_a_host_whose_ranks_failed_twice(tmp_path):
     proc = run("-np", "2", "--min-np", "1", "-H", f"{host}:2", "--mpi-args=--oversubscribe",
                sys.executable, f"{TESTS}/scripts/fail_once.py", str(tmp_path / "never"), "always",
                env={"MPILEARN_ELASTIC_MODE": "relaunch"})
-    assert proc.returncode == 1, proc.stderr[-2000:]
-    assert proc.stderr.count("relaunching from the newest checkpoint") == 1
-    assert f"mpilearn-run: leaving out {host} (ranks there failed twice); 0 rank(s)" in proc.stderr
-    assert "fewer than --min-np 1 ranks left; giving up" in proc.stderr
+    err = proc.stderr
+    assert proc.returncode == 1, err[-4000:]
+    # the host is left out after its second recorded abort, not before, not later; a launch
+    # that failed with no rank's abort recorded (mpirun's own start on a loaded machine, seen
+    # once in CI) counts against no host and is relaunched like any crash (3 restarts)
+    line = f"aborted: rank 0 (code 1 on {host})"
+    aborts = [i for i in range(len(err)) if err.startswith(line, i)]
+    leave = err.find(f"mpilearn-run: leaving out {host} (ranks there failed twice); 0 rank(s)")
+    assert len(aborts) == 2 and leave > aborts[1], err[-4000:]
+    assert 1 <= err.count("relaunching from the newest checkpoint") <= 3, err[-4000:]
+    assert err.count("relaunching from the newest checkpoint", 0, aborts[1]) >= 1, err[-4000:]
+    assert "fewer than --min-np 1 ranks left; giving up" in err[leave:]
 
 
 def test_growth_asks_the_discovery_script_and_relaunches_larger_with_resume(tmp_path):
