@@ -54,6 +54,19 @@ class Searcher:
     def tell(self, point: Dict[str, Any], value) -> None:
         self.tell_many([(point, value)])
 
+    def _initial(self, n: int, exclude: set) -> List[Tuple[Dict[str, Any], str]]:
+        """Up to n of the first ``self.n_initial`` random points (model-based searchers hand
+        them out before their model takes over); their keys join ``exclude``."""
+        out = []
+        while len(out) < n and self.initial_handed < self.n_initial:
+            point = self._fresh(exclude)
+            if point is None:
+                break
+            self.initial_handed += 1
+            exclude.add(trial_key(point))
+            out.append((point, "initial"))
+        return out
+
     def _fresh(self, exclude, tries: int = 100) -> Optional[Dict[str, Any]]:
         """A random point whose key is not excluded (None: none found)."""
         for _ in range(tries):
@@ -267,15 +280,8 @@ class GPSearcher(Searcher):
 
     # -- the two verbs -----------------------------------------------------------------------
     def ask_many(self, n, pending=(), exclude=()):
-        out = []
         exclude = set(exclude)
-        while len(out) < n and self.initial_handed < self.n_initial:
-            point = self._fresh(exclude)
-            if point is None:
-                break
-            self.initial_handed += 1
-            exclude.add(trial_key(point))
-            out.append((point, "initial"))
+        out = self._initial(n, exclude)
         if len(out) < n and len(self.y) >= 2:
             points = self._batch(n - len(out), list(pending) + [p for p, _ in out], exclude)
             self.asked += len(points)
@@ -495,15 +501,8 @@ class ForestSearcher(Searcher):
 
     # -- the two verbs -----------------------------------------------------------------------
     def ask_many(self, n, pending=(), exclude=()):
-        out = []
         exclude = set(exclude)
-        while len(out) < n and self.initial_handed < self.n_initial:
-            point = self._fresh(exclude)
-            if point is None:
-                break
-            self.initial_handed += 1
-            exclude.add(trial_key(point))
-            out.append((point, "initial"))
+        out = self._initial(n, exclude)
         if self.error is not None:
             raise self.error
         if len(out) < n and len(self.y) >= 2:
