@@ -35,9 +35,15 @@ import torch
 
 # second-moment state of the adaptive optimizers, by state key
 _SECOND_MOMENTS = ("square_avg", "exp_avg_sq", "sum")
-# per measured step: contributions (ranks, or 2 halves), their summed squared norms (raw,
-# preconditioned), the reduced gradient's two, and the events of one contribution per local batch
-FIELDS = 6
+MIN_WINDOW = 50  # measured steps an estimate spans at least (an epoch's, where it has more)
+
+
+def _row(size, summed, summed_p, big, big_p, fraction, device=None) -> torch.Tensor:
+    """One measured step: contributions (ranks, or 2 halves), their summed squared norms (raw,
+    preconditioned), the reduced gradient's two, and the events of one contribution per local
+    batch; float64 on ``device`` (scalars or 0-d tensors: no host read)."""
+    return torch.stack([torch.as_tensor(v, dtype=torch.float64).to(device)
+                        for v in (size, summed, summed_p, big, big_p, fraction)])
 
 
 def is_adaptive(optimizer) -> bool:
@@ -131,20 +137,16 @@ class NoiseScale:
             dev = summed.device
             big = sum(torch.dot(b.buffer, b.buffer).double() for b in buckets)
             pres = [self._pre.get(id(b)) for b in buckets]
-            nan = torch.full((), float("nan"), dtype=torch.float64, device=dev)
             big_p = (sum(torch.dot(b.buffer, b.buffer * w).double() for b, w in zip(buckets, pres))
-                     if all(w is not None for w in pres) else nan)
-            self.records.append(torch.stack([torch.full((), float(size), dtype=torch.float64,
-                                                        device=dev), summed[0], summed[1],
-                                             big.to(dev), big_p.to(dev),
-                                             torch.ones((), dtype=torch.float64, device=dev)]))
+                     if all(w is not None for w in pres) else float("nan"))
+            self.records.append(_row(float(size), summed[0], summed[1], big, big_p, 1.0, dev))
         self._pre = {}
 
     def record(self, size: int, summed: float, big: float) -> None:
         """One measured step given on the host (the Keras path): ``size`` ranks' summed
         squared norms of their contributions g_i/N, and the reduced gradient's; raw only."""
         nan = float("nan")
-        self.records.append(torch.tensor([size, summed, nan, big, nan, 1.0], dtype=torch.float64))
+        self.records.append(_row(float(size), float(summed), nan, float(big), nan, 1.0))
         self.steps += 1
 
     # -- one rank: two halves of the batch ----------------------------------------------
@@ -179,8 +181,7 @@ class NoiseScale:
                 rows += torch.stack([(a.square() + b.square()).sum(),
                                      ((a.square() + b.square()) * w).sum(),
                                      whole.square().sum(), (whole.square() * w).sum()]).cpu()
-        self.records.append(torch.cat([torch.tensor([2.0], dtype=torch.float64), rows,
-                                       torch.tensor([0.5], dtype=torch.float64)]))
+        self.records.append(_row(2.0, *rows, 0.5))
         self.steps += 1
 
     # -- reading --------------------------------------------------------------------------
@@ -197,10 +198,10 @@ class NoiseScale:
             self.window = self.window[-window:]
         return new
 
-    def take_epoch(self, min_window: int = 50) -> None:
+    def take_epoch(self, min_window: Optional[int] = None) -> None:
         """The window at an epoch's end: the epoch's measured steps, at least ``min_window``
-        of the newest (a short epoch borrows from the one before)."""
-        self.take(max(min_window, self.take(0)))
+        (default :data:`MIN_WINDOW`) of the newest (a short epoch borrows from the one before)."""
+        self.take(max(MIN_WINDOW if min_window is None else min_window, self.take(0)))
 
     def state_dict(self) -> dict:
         self.take(0)

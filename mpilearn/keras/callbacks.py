@@ -1,6 +1,8 @@
 """``hvd.callbacks``: the Keras callbacks of ``horovod.tensorflow.keras``, for Keras 3."""
 from __future__ import annotations
 
+from typing import Optional
+
 import keras
 import numpy as np
 
@@ -181,11 +183,12 @@ class NoiseScaleCallback(keras.callbacks.Callback):
     """The gradient noise scale of the model's wrapped optimizer, each epoch (mpilearn's; Horovod
     has none): ``logs["critical_batch"]`` and ``logs["noise_scale_err"]`` in events, and
     ``logs["data_efficiency"]`` at the current global batch, over the epoch's steps (at least
-    ``min_window``); the full estimate of each epoch in ``self.history``. ``batch_size``: events per rank per step. Raw noise scale only (the
-    Keras path does not precondition). Measured from the gradients before and after the
+    ``min_window``, default 50); the full estimate of each epoch in ``self.history``.
+    ``batch_size``: events per rank per step. Raw noise scale only (the Keras path does not
+    precondition). Measured from the gradients before and after the
     allreduce, so it needs two ranks or more."""
 
-    def __init__(self, batch_size: int, min_window: int = 50, verbose: int = 0):
+    def __init__(self, batch_size: int, min_window: Optional[int] = None, verbose: int = 0):
         super().__init__()
         self.batch_size, self.min_window, self.verbose = batch_size, min_window, verbose
         self.history = []

@@ -127,9 +127,9 @@ class _DistributedMixin:
         """Whether the last reduced gradients were all finite (identical on every rank)."""
         return self._reducer is None or self._reducer.all_finite()
 
-    def noise_scale(self, batch_size: int, min_window: int = 50) -> Optional[dict]:
+    def noise_scale(self, batch_size: int, min_window: Optional[int] = None) -> Optional[dict]:
         """The gradient noise scale of this optimizer (mpilearn's; Horovod has none) over the
-        steps since the last call (at least the newest ``min_window``), for ``batch_size``
+        steps since the last call (at least the newest ``min_window``, default 50), for ``batch_size``
         events per rank per step: ``b_simple`` (raw) and ``b_pre`` (in the optimizer's own
         preconditioning) in events with their standard errors, ``critical_batch`` (the one
         that governs this optimizer) and ``efficiency`` (data efficiency at the current global

@@ -14,7 +14,6 @@ from ..allreduce.noise import NoiseScale, is_adaptive, useful_ranks
 from ..errors import UsageError
 from . import lr_rules
 
-MIN_WINDOW = 50  # measured steps an estimate spans at least (an epoch's, where it has more)
 
 
 def moments(opt) -> dict:
@@ -156,7 +155,7 @@ class Scaling:
             noise = noise_of(opt)
             if noise is None:
                 continue
-            noise.take_epoch(MIN_WINDOW)
+            noise.take_epoch()
             est = noise.estimate(local_batch, global_batch)
             self.estimates[name] = est
             if est is not None:
