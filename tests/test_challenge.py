@@ -124,3 +124,30 @@ def test_a_floor_zero_within_its_error_gives_a_distance_in_sigma_never_a_ratio()
     assert physics.floor_ratio("score", {"score": 0.3}, floor) == pytest.approx(3.0)
     assert physics.floor_sigma("kpd", {"kpd": None}, floor) is None
     assert physics.floor_sigma("kpd", {"kpd": 0.01}, floor) is None   # no error: no σ
+
+
+@pytest.mark.unit
+def test_the_verdict_places_an_auc_among_the_published_entries_and_lists_their_points():
+    from mpilearn.calo.published import POINTS, place
+    from mpilearn.calo.validate import verdicts
+
+    # the challenge's dataset-2 files: Geant4 against itself ~0.5, the best entry below the GANs
+    for name in ("auc_high", "auc_low"):
+        geant4, (_, best), gans = POINTS[name]
+        assert abs(geant4 - 0.5) < 0.01 and best < min(v for _, v in gans)
+    assert place("auc_high", 0.51).startswith("as hard to tell as the best published entry")
+    assert place("auc_high", 0.80).startswith("between the best published entry (0.521)")
+    assert place("auc_high", 0.95).startswith("as easy to tell as the published GANs (0.927+)")
+    assert place("fpd", 0.01) is None  # a distance on other features: no placement
+    result = {"events": 2000, "fpd": 0.5, "fpd_sigma": 40.0, "fpd_floor": 0.0,
+              "fpd_floor_error": 0.01, "auc_high": 0.8, "auc_high_floor": 0.51,
+              "auc_high_ratio": 1.6}
+    lines = verdicts(result)
+    classifiers = next(line for line in lines if "the CaloChallenge classifiers:" in line)
+    assert "between the best published entry" in classifiers
+    published = lines[lines.index(next(l for l in lines if "published reference points" in l)):]
+    assert [line.split(":")[0].strip() for line in published[1:]] == ["fpd", "auc_high"]
+    assert "the best entry 0.0246 (CaloDREAM)" in published[1]
+    assert "the GANs DeepTree 0.927, MDMA 0.987" in published[2]
+    assert not [l for l in verdicts({"events": 10, "score": 1.0, "score_floor": 1.0,
+                                     "score_ratio": 1.0}) if "published" in l]

@@ -99,7 +99,8 @@ def test_the_demo_3dgan_runs_page_shows_physics_against_floors_and_every_plot(br
     assert "report/physics.png" in srcs
     plots = {os.path.relpath(p, run) for p in map(str, run.glob("validation/*/*.png"))}
     assert plots and plots <= srcs, plots - srcs
-    for expected in ("MC-vs-MC floor", "score", "fpd", "x the MC floor", "Gradient noise scale"):
+    for expected in ("MC-vs-MC floor", "score", "fpd", "x the MC floor", "Gradient noise scale",
+                     "Published reference points", "Geant4 against itself", "CaloDREAM"):
         assert expected in text, expected
     assert any(" σ" in line and line.startswith("fpd") for line in text.splitlines()), text
 

@@ -305,20 +305,25 @@ def verdicts(result: dict) -> list:
     for FPD and KPD (a floor 0 within its error) how many σ above it."""
     from ..train.page import verdict
     from .physics import SIGMA
+    from .published import place, reference_lines
 
     if not result.get("events"):
         return []
     lines = ["verdict (lower is better; 1x the MC floor = as good as the simulation; FPD and "
              f"KPD: told from the MC at >= {FLAGGED_SIGMA:g} σ above their floor):"]
+    published = []
     for family, names in FAMILIES:
+        shown = [name for name in names if result.get(name) is not None
+                 and result.get(name + "_floor") is not None]
         parts = [f"{name} " + (sigma_verdict(result, name) if name in SIGMA else
                                verdict(result.get(name + "_ratio"), name, result[name],
                                        result.get(name + "_floor")))
-                 for name in names if result.get(name) is not None
-                 and result.get(name + "_floor") is not None]
+                 + (f", {place(name, result[name])}" if place(name, result[name]) else "")
+                 for name in shown]
         if parts:
             lines.append(f"  {family}: " + "; ".join(parts))
-    return lines
+        published += shown
+    return lines + [f"  {line}" for line in reference_lines(published)]
 
 
 if __name__ == "__main__":

@@ -145,6 +145,22 @@ def physics_rows(physics: dict) -> List[list]:
             for name, p in physics.items()]
 
 
+def published_rows(physics: dict) -> List[list]:
+    """[metric, Geant4 against itself, best entry, GANs, this run's value and place] for the
+    metrics of a report summary that the CaloChallenge published (``calo/published.py``)."""
+    from ..calo.published import POINTS, place
+
+    rows = []
+    for name, p in physics.items():
+        if name in POINTS:
+            geant4, (best, value), gans = POINTS[name]
+            here = fmt(p.get("value")) + (f": {place(name, p.get('value'))}"
+                                          if place(name, p.get("value")) else "")
+            rows.append([name, f"{geant4:.3g}", f"{value:.3g} ({best})",
+                         ", ".join(f"{g} {v:.3g}" for g, v in gans), here])
+    return rows
+
+
 def noise_rows(records: List[dict]) -> tuple:
     """(header, rows) of the epoch records' noise-scale measurements: one row per epoch and
     optimizer, a column per key any of them has (the measurement's keys may grow)."""
@@ -201,6 +217,17 @@ def run_page(run_dir: str, summary: dict, records: List[dict], lines: List[str],
                   "(number - floor) / its combined error; below 3 σ the two are not told apart.")
         page.table(["metric", "epoch", "value", "MC-vs-MC floor", "ratio or σ", "verdict"],
                    physics_rows(summary["physics"]))
+        published = published_rows(summary["physics"])
+        if published:
+            from ..calo.published import SOURCE
+
+            page.para(f"Published reference points ({SOURCE}, arXiv 2410.21611). FPD and KPD "
+                      "are distances on the challenge's own features of its own geometry: "
+                      "compare orders of magnitude only. The classifier AUCs read alike (0.5: "
+                      "cannot tell, 1: always can); this run's classifier is smaller than the "
+                      "challenge's, so it can only tell less.")
+            page.table(["metric", "Geant4 against itself", "best entry", "GANs", "this run"],
+                       published)
     else:
         page.para("No physics numbers: this run logged no metric with a floor (the 3DGAN logs "
                   "them with train.validate_every).", "note")

@@ -95,6 +95,8 @@ def summarise(run_dir: str, records: List[dict], costs: dict) -> dict:
 
 
 def text_lines(s: dict, cost_lines: List[str], skipped: Dict[str, str]) -> List[str]:
+    from ..calo.published import place, reference_lines
+
     lines = [f"run {s['run']}: {s['epochs']} epoch(s) on {s['ranks']} {s['device']} rank(s)"]
     for key, value in s["last"].items():
         best = s["best"][key]
@@ -107,7 +109,10 @@ def text_lines(s: dict, cost_lines: List[str], skipped: Dict[str, str]) -> List[
             err = f" ± {p['floor_error']:.2g}" if _number(p.get("floor_error")) else ""
             floor = f" against its floor {p['floor']:.4f}{err}" if _number(p["floor"]) else ""
             ratio = f" ({p['sigma']:.3g} σ)"
-        lines.append(f"physics {name}: {p['value']:.4g} at epoch {p['epoch']}{floor}{ratio}")
+        placed = place(name, p["value"])
+        lines.append(f"physics {name}: {p['value']:.4g} at epoch {p['epoch']}{floor}{ratio}"
+                     + (f", {placed}" if placed else ""))
+    lines += reference_lines(list(s["physics"]))
     if s["samples_per_s"]:
         t = s["samples_per_s"]
         lines.append(f"throughput: {t['mean']:.4g} samples/s on average, {t['last']:.4g} in "
