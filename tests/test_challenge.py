@@ -84,7 +84,7 @@ def test_validate_reports_each_challenge_number_beside_its_floor(samples):
         assert got[f"{name}_sigma"] == pytest.approx(
             (got[name] - got[f"{name}_floor"])
             / math.hypot(got[f"{name}_error"], got[f"{name}_floor_error"]))
-    # 600 events a side: FPD's error (its fit's, and slope / N) is the limit (1.6 σ here)
+    # 600 events a side: FPD's error (its fit's, and the samples' own spread) is the limit
     assert got["fpd_sigma"] > 1 and got["kpd_sigma"] > 1, got
     assert got["separation_power_features"]["centre_x"]["floor"] > 0
 
@@ -151,3 +151,25 @@ def test_the_verdict_places_an_auc_among_the_published_entries_and_lists_their_p
     assert "the GANs DeepTree 0.927, MDMA 0.987" in published[2]
     assert not [l for l in verdicts({"events": 10, "score": 1.0, "score_floor": 1.0,
                                      "score_ratio": 1.0}) if "published" in l]
+
+
+def test_a_7_percent_energy_scale_error_is_flagged_by_fpd_at_3_sigma_and_mc_is_not():
+    """validate's defaults (FPD's batches and fit, pairing by conditions, the floor from a
+    disjoint MC sample): 1 250 showers a side, MC A against MC B for the floor; an independent
+    MC C, once as it is and once 7 % too hot (the energy scale only, no shift)."""
+    def draw(seed, n=1250, scale=1.0):
+        rng = np.random.default_rng(seed)
+        energy = rng.uniform(100, 200, n)
+        theta = rng.uniform(math.radians(60), math.radians(120), n)
+        parts = [physics.features(scale * showers(energy[i:i + 250], theta[i:i + 250],
+                                                  (51, 51, 25), rng), energy[i:i + 250],
+                                  theta[i:i + 250]) for i in range(0, n, 250)]
+        return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+
+    a, b = draw(11), draw(12)
+    floor = physics.pair_by_conditions(a, b)
+    for scale, flagged in ((1.0, False), (1.07, True)):
+        compared = physics.pair_by_conditions(a, draw(13, scale=scale))
+        got, _ = physics.with_floor(physics.score(*compared), *floor)
+        assert (got["fpd_sigma"] >= 3) == flagged, (scale, got["fpd"], got["fpd_error"],
+                                                     got["fpd_floor"], got["fpd_floor_error"])
