@@ -48,6 +48,10 @@ class Callback:
         """Called on every rank; may add to ``record``; True asks training to stop."""
         return False
 
+    def on_membership(self, comm, change) -> None:
+        """Called on every rank of the new communicator ``comm`` after an elastic change
+        (``core.membership.Change``: ranks lost or spawned), at the step the run goes on from."""
+
     def state_dict(self) -> dict:
         return {}
 

@@ -407,6 +407,7 @@ class Trainer:
         # the step in flight (a snapshot may be older: local SGD's are at its averages)
         in_flight, epoch = self.global_step + 1, self.epoch + 1
         self._restore_snapshot(self.snapshots.at(where))
+        self._membership_changed(change)
         lr = self._set_lr()
         below = change.new_size < self.membership.min_ranks
         if self.ctx.rank == 0:  # the one line (below min_ranks, exit_status says the rest)
@@ -481,6 +482,13 @@ class Trainer:
 
         atexit.register(lock.release)
 
+    def _membership_changed(self, change) -> None:
+        """Collective: every callback hears the change (``Callback.on_membership``)."""
+        for cb in self.callbacks:
+            hook = getattr(cb, "on_membership", None)
+            if hook is not None:
+                hook(self.ctx.comm, change)
+
     def _record_membership(self, change, lr: float) -> None:
         """Rank 0: the change in metrics.jsonl, with where the run goes on from; the launcher's
         discovery poll learns the new size (to grow back from here)."""
@@ -552,6 +560,11 @@ class Trainer:
         change = self.membership.grow(merged, newcomer, started)
         mcomm.bind(self.ctx, self.ctx.device)  # CPU threads for the ranks now on this node
         self._restore_snapshot(snap)
+        if newcomer:  # the run's record of its launch comes from rank 0
+            from .launches import Launches
+
+            self.callbacks.append(Launches(self.ctx.comm, None, self.ctx.device))
+        self._membership_changed(change)
         lr = self._set_lr()
         if self.ctx.rank == 0:
             how = ", ".join(f"rank {r} on {h}" for r, h in change.added)
