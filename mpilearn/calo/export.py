@@ -265,17 +265,29 @@ def fast_variant(model, output: str, precision: str) -> tuple:
     from .fastpath import fast_shower_model
 
     path = os.path.join(output, f"generator.{precision}.{VARIANTS['files'][precision]}")
-    settings = {"precision": precision, "quantization": "none: the same function, rewritten "
-                "(polyphase first layer, pads folded into the convolutions)",
-                "weights": precision[:4]}
     fast = fast_shower_model(model, precision, onednn=False)  # exports trace plain convolutions
     if precision == "fp32-fast":
         export_onnx(fast, path)
-        return path, {**settings, "runtime": "ONNX Runtime"}
-    export_program(fast, path)
-    return path, {**settings, "activations": "bf16 channels_last_3d in the generator's layers, "
-                  "fp32 post-processing", "runtime": "torch.export (torch.export.load(path)."
-                  "module()); on a CPU its bf16 convolutions are oneDNN's"}
+    else:
+        export_program(fast, path)
+    return path, fast_settings(precision)
+
+
+REWRITE = "polyphase first layer, pads folded into the convolutions"
+
+
+def fast_settings(precision: str) -> dict:
+    """What a fast variant is, in its metadata and in export's line about it: fp32-fast is the
+    same function rewritten (ONNX); bf16-fast that rewrite in bf16 (a torch.export program)."""
+    if precision == "fp32-fast":
+        return {"precision": precision, "quantization": f"none: the same function, rewritten "
+                f"({REWRITE})", "weights": "fp32", "runtime": "ONNX Runtime"}
+    return {"precision": precision, "quantization": f"bf16: the fp32-fast rewrite ({REWRITE}) "
+            "with bf16 weights and activations, channels-last; not the same function (bf16 "
+            "rounding, hence the physics gate)", "weights": "bf16",
+            "activations": "bf16 channels_last_3d in the generator's layers, fp32 "
+            "post-processing", "runtime": "torch.export (torch.export.load(path).module()); on "
+            "a CPU its bf16 convolutions are oneDNN's"}
 
 
 def latent(model) -> int:
