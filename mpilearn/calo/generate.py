@@ -122,11 +122,21 @@ def prepare(args):
 
     from .runs import resolve_checkpoint, run_config
 
+    if args.runtime == "onnx" and not args.run:
+        raise UsageError("--runtime onnx: give the exported .onnx file (python -m mpilearn.export "
+                         "writes it) as the first argument")
     if not (args.run or args.checkpoint):
         raise UsageError("give a run directory or --checkpoint")
+    if args.threads is not None and args.threads < 1:
+        raise UsageError(f"--threads {args.threads}: must be at least 1")
     if args.runtime == "onnx":
         args.onnx_file, args.run = args.run, None
         args.checkpoint = args.checkpoint or onnx_checkpoint(args.onnx_file)
+        try:
+            import onnxruntime  # noqa: F401
+        except ImportError as err:
+            raise UsageError(f"--runtime onnx: running {args.onnx_file} needs ONNX Runtime, which "
+                             f"does not import here ({err}; pip install onnxruntime)") from None
     if args.events is not None and args.events < 1:
         raise UsageError(f"--events {args.events}: must be at least 1")
     if args.gate_events < 2:
@@ -160,10 +170,13 @@ def prepare(args):
 def onnx_checkpoint(path) -> str:
     """The checkpoint an exported file was made from (its metadata): the run's conditions,
     ranges and noise come from there, the showers from the file."""
-    import onnx
-
     if not path or not os.path.isfile(path):
         raise UsageError(f"--runtime onnx: {path} is not a file (give the exported .onnx file)")
+    try:
+        import onnx
+    except ImportError as err:
+        raise UsageError(f"--runtime onnx: reading {path}'s metadata needs the onnx package, which "
+                         f"does not import here ({err}; pip install onnx)") from None
     try:
         props = {p.key: p.value for p in onnx.load(path, load_external_data=False).metadata_props}
     except Exception as err:
@@ -174,12 +187,16 @@ def onnx_checkpoint(path) -> str:
     return props["checkpoint"]
 
 
-def onnx_model(path: str, variant: str):
-    """A callable like ``ShowerModel`` on numpy arrays, running ``path`` in ONNX Runtime (CPU)."""
+def onnx_model(path: str, variant: str, threads: int = 0):
+    """A callable like ``ShowerModel`` on numpy arrays, running ``path`` in ONNX Runtime (CPU)
+    with ``threads`` intra-op threads (0: ONNX Runtime's default)."""
     from .export import NAMES
     from .precision import session
 
-    sess = session(path)
+    try:
+        sess = session(path, threads)
+    except Exception as err:  # alike on every rank: the same file
+        raise UsageError(f"--runtime onnx: ONNX Runtime could not load {path}: {err}") from None
     names = NAMES[variant]
     return lambda *inputs: sess.run(None, {k: np.asarray(v, np.float32)
                                            for k, v in zip(names, inputs)})[0]
@@ -249,7 +266,7 @@ def produce(task, plan, table, args, comm, write=None, model=None):
     batches = math.ceil(n / args.batch_size)
     onnx = None
     if getattr(args, "runtime", "torch") == "onnx":
-        onnx = onnx_model(args.onnx_file, task.variant)
+        onnx = onnx_model(args.onnx_file, task.variant, getattr(args, "threads", None) or 0)
     elif model is None and not is_keras(task):  # PyTorch: the exported module, on the device
         model = shower_model(task)
         if args.precision.endswith("-fast"):
@@ -367,6 +384,10 @@ def main(argv=None) -> int:
                    "mpilearn.export; int8 included), run in ONNX Runtime on the CPU; its run "
                    "(conditions, ranges, noise) from the file's metadata")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda where there is one)")
+    p.add_argument("--threads", type=int, default=None, metavar="N",
+                   help="CPU threads per rank: torch.set_num_threads(N) and, with --runtime "
+                   "onnx, ONNX Runtime's intra-op threads (default: their own, all cores); on a "
+                   "CPU shared with other work, 1")
     p.add_argument("--compression", choices=("gzip", "none"), default="gzip",
                    help="ECAL's compression (gzip level 1, as the simulated files; none: "
                    "faster writing where rank 0's writes limit the rate)")
@@ -392,6 +413,8 @@ def main(argv=None) -> int:
         onnx_file = args.run if args.runtime == "onnx" else None
         plan = ctx.comm.bcast(check_on_root(ctx.comm, prepare, args), root=0)
         args.onnx_file, args.run = onnx_file, None if onnx_file else args.run
+        if args.threads:  # checked >= 1 in prepare
+            torch.set_num_threads(args.threads)
         from ..core import runlock
 
         runlock.hold(ctx.comm, args.output, args.force_unlock, single_file=True)  # one writer
@@ -430,9 +453,17 @@ def main(argv=None) -> int:
         return exit_status(err, ctx.rank)
     if ctx.rank == 0:
         n = len(table[0]) if table is not None else args.events
-        print(f"generated {n} showers from {plan.checkpoint} ({epoch}) on {ctx.size} rank(s), "
-              f"{args.device}, {args.precision}: {seconds:.1f} s, {n / seconds:.1f} showers/s "
-              f"(written to {args.output})", flush=True)
+        if args.onnx_file:  # the showers came from the file; the checkpoint gave the run
+            source, how = (f"{os.path.abspath(args.onnx_file)} in ONNX Runtime (--runtime onnx; "
+                           f"exported from {plan.checkpoint}, {epoch})", "cpu, " + (
+                               f"{args.threads} thread(s) per rank" if args.threads else
+                               "ONNX Runtime's default threads"))
+        else:
+            source, how = f"{plan.checkpoint} ({epoch})", f"{args.device}, {args.precision}"
+            if args.device == "cpu":
+                how += f", {torch.get_num_threads()} thread(s) per rank"
+        print(f"generated {n} showers from {source} on {ctx.size} rank(s), {how}: "
+              f"{seconds:.1f} s, {n / seconds:.1f} showers/s (written to {args.output})", flush=True)
         warning = writer.warning(n)
         if warning:
             print(warning, file=sys.stderr, flush=True)
