@@ -71,7 +71,8 @@ def test_kill9_mid_epoch_survivors_finish_equal_to_replay(toy_file, tmp_path, re
     assert proc.stdout.count(line) == 1, proc.stdout
     assert (f"at step {KILL_AFTER + 1} (epoch 1); going on with 2 rank(s) from step {KILL_AFTER}, "
             "global batch 8, lr 0.01") in proc.stdout
-    assert ("rank 0's duties moved here" in proc.stdout) == (victim == 0)
+    assert ("; rank 0 was lost: its duties (checkpoints, logs) moved to rank 0 (formerly rank 1)"
+            in proc.stdout) == (victim == 0)
     records = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
     change = [r for r in records if "membership" in r]
     assert len(change) == 1 and change[0]["membership"]["lost_ranks"] == [victim]

@@ -416,7 +416,9 @@ class Trainer:
                 print(f"mpilearn: lost {how} at step {in_flight} (epoch "
                       f"{epoch}); going on with {self.ctx.size} rank(s) from step "
                       f"{self.global_step}, global batch {self.loader.global_batch}, lr {lr:.6g}"
-                      + ("; rank 0's duties moved here" if change.leader_lost else ""), flush=True)
+                      + (f"; rank 0 was lost: its duties (checkpoints, logs) moved to rank "
+                         f"{change.new_rank} (formerly rank {change.old_rank})"
+                         if change.leader_lost else ""), flush=True)
             self._record_membership(change, lr)
         self._first_after_loss = True
         if below:
