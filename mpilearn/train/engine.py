@@ -40,6 +40,19 @@ from .setup import new_task, shared_files
 from .strategies import EpochContext, make_strategy
 
 
+def resume_line(path: str, epoch: int, step_in_epoch: int, epochs: int) -> str:
+    """Rank 0's line at a resume: where the checkpoint was saved and where training goes on.
+    ``epoch`` counts the epochs finished (0-based index of the one in progress),
+    ``step_in_epoch`` the steps applied in that one; the line counts epochs and steps from 1."""
+    if step_in_epoch:
+        return (f"mpilearn: resumed from {path}, saved in epoch {epoch + 1} after step "
+                f"{step_in_epoch} of it: going on with its step {step_in_epoch + 1}")
+    saved = f"at the end of epoch {epoch}" if epoch else "before the first step"
+    after = f"going on with epoch {epoch + 1}" if epoch < epochs else \
+        f"all {epochs} epoch(s) of train.epochs are done"
+    return f"mpilearn: resumed from {path}, saved {saved}: {after}"
+
+
 class Trainer:
     def __init__(self, config: dict, ctx, output: Optional[str] = None, resume=False,
                  progress: bool = True, events: Optional[tuple] = None,
@@ -271,7 +284,7 @@ class Trainer:
                                    "relaunched": True},
                     "position": self.position, "global_batch": self.loader.global_batch})
         if self.ctx.rank == 0:
-            print(f"mpilearn: resumed from {path} (epoch {self.epoch}, step {self.step_in_epoch})",
+            print(resume_line(path, self.epoch, self.step_in_epoch, self.config["train"]["epochs"]),
                   flush=True)
 
     def _resize_line(self, old_global: int, old_ranks: int) -> str:
