@@ -85,6 +85,20 @@ def test_kill9_mid_epoch_survivors_finish_equal_to_replay(toy_file, tmp_path, re
     assert_same(model, final_model(replay))
     # the lock went with the writer (the lost rank 0's taken over, then released)
     assert not os.path.exists(os.path.join(out, ".mpilearn.lock"))
+    # the launch's record is true after the loss, whoever was lost: finished (exit 0), three
+    # processes, the lost one charged to its loss, before the survivors' end
+    (launch,) = [json.loads(line) for line in open(os.path.join(out, "launches.jsonl"))]
+    assert launch["exit"] == 0 and launch["ranks"] == 3 and launch["ranks_at_end"] == 2
+    assert launch["lost"] == [victim] and launch["spawned"] == []
+    seconds = launch["launched_s"]
+    assert seconds[victim] < min(s for i, s in enumerate(seconds) if i != victim) - 0.5, seconds
+    if victim == 0:  # and report says the membership history, whoever wrote it
+        report = mpirun(1, ["-m", "mpilearn.report", out])
+        assert report.returncode == 0, report.stderr
+        assert "2 epoch(s) on 3 -> 2 cpu rank(s)" in report.stdout, report.stdout
+        assert (f"membership: epoch 1, step {KILL_AFTER}: lost rank 0 on ") in report.stdout
+        assert "(rank 0's duties moved); 3 -> 2 ranks, recovered in " in report.stdout
+        assert "cost: launch 1: 3 cpu rank(s), 1 lost, ending on 2, each " in report.stdout
 
 
 def test_a_rank_lost_in_an_epochs_first_step_does_not_end_the_epoch_before_twice(toy_file,
@@ -225,8 +239,11 @@ def test_growth_from_2_to_3_ranks_spawned_in_process(toy_file, tmp_path, grow_re
     assert proc.stdout.count(f"mpilearn: grew to 3 ranks at step {GROW_AT} (epoch 1): spawned "
                              "rank 2 on ") == 1, proc.stdout
     assert record["added_ranks"] == [2] and record["spawned"] is True
-    launches = [json.loads(line) for line in open(os.path.join(out, "launches.jsonl"))]
-    assert len(launches) == 1 and launches[0]["exit"] == 0
+    (launch,) = [json.loads(line) for line in open(os.path.join(out, "launches.jsonl"))]
+    assert launch["exit"] == 0 and launch["ranks"] == 2 and launch["ranks_at_end"] == 3
+    # the spawned process counts, from its own start: later than the others'
+    assert launch["spawned"] == [2] and launch["lost"] == [] and len(launch["devices"]) == 3
+    assert 0 < launch["launched_s"][2] < min(launch["launched_s"][:2]), launch
     assert_every_event_once_equal_to(out, grow_replay)
 
 

@@ -71,7 +71,9 @@ def test_a_toy_runs_page_shows_its_config_plots_cost_restarts_and_noise_scale(br
                                         "b_pre_err": None, "critical_batch": 120.5,
                                         "efficiency": 0.8, "global_batch": 32, "steps": 29,
                                         "a_new_key": 1}}
-    lines.insert(1, {"epoch": 2, "step": 30, "membership": {"lost": [1], "ranks": 1}})
+    lines.insert(1, {"epoch": 2, "step": 30, "membership": {
+        "lost_ranks": [1], "lost_hosts": ["node7"], "old_size": 2, "ranks": 1,
+        "leader_lost": False, "recovery_s": 0.25, "detected_at": 1.0}})
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
     proc = mpirun(1, ["-m", "mpilearn.report", str(run)])
     assert proc.returncode == 0, proc.stderr
@@ -80,7 +82,8 @@ def test_a_toy_runs_page_shows_its_config_plots_cost_restarts_and_noise_scale(br
     assert {src for src, _, _ in images} >= {"report/losses.png", "report/cost.png",
                                              "report/throughput.png", "report/noise_scale.png"}
     for expected in ("Physics against the MC-vs-MC floor", "No physics numbers",
-                     "2 launch(es): 1 restart(s)", "1 membership change(s)", "lost [1]",
+                     "2 launch(es): 1 restart(s)", "1 membership change(s)", "ranks 2 -> 1",
+                     "epoch 2, step 30: lost rank 1 on node7; 2 -> 1 ranks, recovered in 0.25 s",
                      "b_simple", "a_new_key", "critical_batch", "model: models/mlp.py",
                      "cost: launched"):
         assert expected in text, expected

@@ -102,7 +102,9 @@ def run_summary(run_dir: str, price: Optional[Price]) -> dict:
     out = {"epochs": len(epochs), "in_epochs": in_epochs,
            "per_launch": [{"launch": l["launch"], "ranks": l["ranks"], "exit": l["exit"],
                            "devices": sorted(set(l["devices"])),
-                           "seconds": [min(l["launched_s"]), max(l["launched_s"])]}
+                           "seconds": [min(l["launched_s"]), max(l["launched_s"])],
+                           "ranks_at_end": l.get("ranks_at_end", l["ranks"]),
+                           "lost": len(l.get("lost", [])), "spawned": len(l.get("spawned", []))}
                           for l in launches],
            "per_epoch": [r["device_hours"] for r in epochs],
            "launches": len(launches), "launched": launched,
@@ -144,9 +146,15 @@ def run_lines(summary: dict, price: Optional[Price] = None) -> List[str]:
         for l in summary["per_launch"]:
             lo, hi = l["seconds"]
             status = "running or killed" if l["exit"] is None else f"exit {l['exit']}"
+            changed = "".join(f", {l[k]} {k}" for k in ("lost", "spawned") if l.get(k))
+            if changed:
+                changed += f", ending on {l['ranks_at_end']}"
             lines.append(f"cost: launch {l['launch']}: {l['ranks']} {'+'.join(l['devices'])} "
-                         f"rank(s), each {lo:.1f}" + (f"-{hi:.1f}" if hi - lo >= 0.05 else "")
-                         + f" s from its start to its end ({status})")
+                         f"rank(s){changed}, each {lo:.1f}"
+                         + (f"-{hi:.1f}" if hi - lo >= 0.05 else "")
+                         + " s from its start to its end"
+                         + (" (a lost one: to its loss)" if l.get("lost") else "")
+                         + f" ({status})")
     else:
         lines.append("cost: no launches.jsonl (a run from before it was kept): the launched "
                      "time is unknown; the total counts the epochs only")

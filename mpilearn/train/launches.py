@@ -5,8 +5,12 @@ inside epochs; this is what an allocation is paid for.
 
 ``RUN/launches.jsonl``: one line per launch (a resumed or requeued run adds one), rewritten by
 rank 0 after every epoch and at the end, so that a launch killed by ``kill -9`` still counts up
-to its last epoch. Each line: ``launch`` (1, 2, ...), ``ranks``, per rank ``devices`` (gpu |
-cpu) and ``launched_s``, and ``exit`` (the status; None while it runs, or when it was killed).
+to its last epoch. Each line: ``launch`` (1, 2, ...), ``ranks`` (at its start), per process
+``devices`` (gpu | cpu) and ``launched_s``, and ``exit`` (the status; None while it runs, or
+when it was killed). An elastic launch's processes are every one it had: those it started
+with, then the ones it spawned (``spawned``: their indexes); a lost one (``lost``: their
+indexes) is charged to its loss, not to the end; ``ranks_at_end`` is the size it ended on.
+Every rank keeps the record, so the survivors go on writing it after rank 0 is lost.
 """
 from __future__ import annotations
 
@@ -36,32 +40,80 @@ def process_age() -> float:
 
 
 class Launches(Callback):
-    """Collective to build (every rank's age and device, gathered once); then rank 0 alone
-    keeps ``launches.jsonl``: a rank's launched seconds are its age at the gather plus the
-    time since (the ranks pass the gather together)."""
+    """Collective to build (every rank's age, device and clock, gathered by all); then
+    whichever rank is rank 0 keeps ``launches.jsonl``: a process's launched seconds are its age
+    at the gather plus the time since, up to its end.
+    :meth:`on_membership` follows an elastic change on every rank of the new communicator."""
 
     name = "launches"
 
-    def __init__(self, comm, output: str, device: str):
-        kind = "gpu" if str(device).startswith("cuda") else "cpu"
-        ages = comm.gather((process_age(), kind), root=0)
-        self.since = time.monotonic()
-        self.rank = comm.Get_rank()
+    def __init__(self, comm, output: Optional[str], device: str):
+        """``output`` None: a spawned process's record, which :meth:`on_membership` fills."""
+        self.kind = "gpu" if str(device).startswith("cuda") else "cpu"
+        self.rank, self.path = comm.Get_rank(), None
+        if output is None:
+            return
+        ages = comm.allgather((process_age(), self.kind, time.time()))
+        self.since = max(t for _, _, t in ages)  # the same on every rank
         self.path = os.path.join(output, FILE)
-        if self.rank == 0:
-            self.ages = [a for a, _ in ages]
-            self.devices = [k for _, k in ages]
-            self.earlier = read_jsonl(self.path) if os.path.exists(self.path) else []
-            self.write(None)
+        # per process: its age at ``since``, its device, its end after ``since`` (None: on)
+        self.ages = [a + self.since - t for a, _, t in ages]
+        self.devices = [k for _, k, _ in ages]
+        self.ended = [None] * len(ages)
+        self.spawned, self.ranks = [], len(ages)
+        self.current = list(range(len(ages)))  # the process index of each current rank
+        self.earlier = self._earlier()
+        self.write(None)
+
+    def _earlier(self) -> list:
+        """The lines of the run's earlier launches (every rank reads them: after a loss of
+        rank 0 another rank writes the file)."""
+        if not os.path.exists(self.path):
+            return []
+        return [r for r in read_jsonl(self.path) if r.get("started") != round(self.since, 3)]
+
+    def on_membership(self, comm, change) -> None:
+        """Collective over the new communicator after an elastic change (``core.membership``
+        ``Change``): a lost process ends at its loss; a spawned one joins with its own age.
+        The new rank 0's record goes to the spawned processes, which have none yet."""
+        if self.path is not None and not change.added:
+            lost = {r for r, _ in change.lost}
+            for r in lost:
+                self.ended[self.current[r]] = change.detected - self.since
+            self.current = [p for r, p in enumerate(self.current) if r not in lost]
+        newcomer = self.path is None
+        state = comm.bcast(self.state() if comm.Get_rank() == 0 else None, root=0)
+        if newcomer:
+            self.__dict__.update(state)
+            self.earlier = self._earlier()
+        joined = comm.allgather((process_age() - (time.time() - self.since), self.kind)
+                                if newcomer else None)
+        for age, kind in filter(None, joined):  # in rank order: the spawned come last
+            self.ages.append(age)
+            self.devices.append(kind)
+            self.ended.append(None)
+            self.spawned.append(len(self.ages) - 1)
+            self.current.append(len(self.ages) - 1)
+        self.rank = comm.Get_rank()
+        self.write(None)
+
+    def state(self) -> dict:
+        return {k: getattr(self, k) for k in ("since", "path", "ages", "devices", "ended",
+                                              "spawned", "ranks", "current")}
 
     def write(self, status: Optional[int]) -> None:
         """Rank 0: this launch's line as of now (``status``: its exit status, None: running)."""
-        if self.rank != 0:
+        if self.rank != 0 or self.path is None:
             return
-        now = time.monotonic() - self.since
-        line = {"launch": len(self.earlier) + 1, "ranks": len(self.ages),
-                "devices": self.devices, "launched_s": [round(a + now, 3) for a in self.ages],
+        now = time.time() - self.since
+        line = {"launch": len(self.earlier) + 1, "started": round(self.since, 3),
+                "ranks": self.ranks, "devices": self.devices,
+                "launched_s": [round(a + (now if end is None else end), 3)
+                               for a, end in zip(self.ages, self.ended)],
                 "exit": status}
+        lost = [i for i, end in enumerate(self.ended) if end is not None]
+        if lost or self.spawned:
+            line.update(lost=lost, spawned=self.spawned, ranks_at_end=len(self.current))
         atomic_write_text(self.path, "".join(json.dumps(r) + "\n"
                                              for r in self.earlier + [line]))
 

@@ -17,7 +17,7 @@ import math
 import os
 from typing import Iterable, List, Optional, Sequence
 
-from ..core.io import atomic_write_text, read_jsonl
+from ..core.io import atomic_write_text
 
 STYLE = """
 body{font-family:system-ui,-apple-system,"Segoe UI",sans-serif;margin:2em auto;max-width:75em;
@@ -180,18 +180,6 @@ def noise_rows(records: List[dict]) -> tuple:
             [[e, opt] + [v.get(k) for k in keys] for e, opt, v in rows])
 
 
-def membership_rows(run_dir: str) -> List[list]:
-    """[epoch, step, change] for every membership change metrics.jsonl recorded (a lost rank,
-    a growth, a relaunch at another size)."""
-    path = os.path.join(run_dir, "metrics.jsonl")
-    if not os.path.exists(path):
-        return []
-    return [[r.get("epoch"), r.get("step"),
-             ", ".join(f"{k} {fmt(v)}" for k, v in r["membership"].items())
-             if isinstance(r["membership"], dict) else fmt(r["membership"])]
-            for r in read_jsonl(path) if "membership" in r]
-
-
 def launch_rows(costs: dict) -> List[list]:
     """[launch, ranks, exit status, devices, launched seconds] from the cost summary."""
     return [[l.get("launch"), l.get("ranks"), l.get("exit"), ", ".join(l.get("devices") or []),
@@ -202,8 +190,11 @@ def launch_rows(costs: dict) -> List[list]:
 def run_page(run_dir: str, summary: dict, records: List[dict], lines: List[str],
              cost_lines: List[str], costs: dict) -> str:
     """Writes ``RUN/index.html``; returns its path."""
+    from .report import ranks_text
+
     page = Page(f"mpilearn run {os.path.basename(os.path.abspath(run_dir))}", run_dir)
-    page.para(f"{summary['epochs']} epoch(s) on {summary['ranks']} {summary['device']} rank(s); "
+    page.para(f"{summary['epochs']} epoch(s) on {ranks_text(summary)} {summary['device']} "
+              "rank(s); "
               f"{os.path.abspath(run_dir)}", "note")
     page.heading("Summary")
     page.pre("\n".join(lines))
@@ -261,12 +252,13 @@ def run_page(run_dir: str, summary: dict, records: List[dict], lines: List[str],
                    rows)
 
     page.heading("Membership changes and restarts")
-    changes = membership_rows(run_dir)
+    changes = summary.get("membership") or []
     restarts = max(len(rows) - 1, 0)
     page.para(f"{len(rows)} launch(es): {restarts} restart(s) (a resume, a requeue or a "
-              f"relaunch); {len(changes)} membership change(s) inside a launch.")
+              f"relaunch); {len(changes)} membership change(s) inside a launch; ranks "
+              f"{ranks_text(summary)}.")
     if changes:
-        page.table(["epoch", "step", "change"], changes)
+        page.table(["change"], [[c] for c in changes])
 
     header, noise = noise_rows(records)
     page.heading("Gradient noise scale")

@@ -39,6 +39,35 @@ def epoch_records(run_dir: str) -> List[dict]:
     return [by_epoch[e] for e in sorted(by_epoch)]
 
 
+def membership_changes(run_dir: str) -> List[dict]:
+    """The membership changes metrics.jsonl recorded (a lost rank, a growth), in order."""
+    path = os.path.join(run_dir, "metrics.jsonl")
+    return [r for r in read_jsonl(path) if isinstance(r.get("membership"), dict)] \
+        if os.path.exists(path) else []
+
+
+def describe_change(r: dict) -> str:
+    """One membership record in words: where, what, the sizes, how long it took."""
+    m = r["membership"]
+    if m.get("spawned"):
+        what = "spawned " + ", ".join(f"rank {k} on {h}" for k, h in
+                                      zip(m.get("added_ranks", []), m.get("added_hosts", [])))
+        took = f" in {m['spawn_s']:.3g} s" if _number(m.get("spawn_s")) else ""
+    else:
+        what = "lost " + ", ".join(f"rank {k} on {h}" for k, h in
+                                   zip(m.get("lost_ranks", []), m.get("lost_hosts", [])))
+        what += " (rank 0's duties moved)" if m.get("leader_lost") else ""
+        took = f", recovered in {m['recovery_s']:.3g} s" if _number(m.get("recovery_s")) else ""
+    return (f"epoch {r.get('epoch')}, step {r.get('step')}: {what}; {m.get('old_size')} -> "
+            f"{m.get('ranks')} ranks{took}")
+
+
+def ranks_text(s: dict) -> str:
+    """"3" or, where the rank count changed, "3 -> 2" (from the first launch's size)."""
+    sizes = s.get("rank_history") or [s.get("ranks")]
+    return " -> ".join(str(n) for n in sizes)
+
+
 def _number(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
@@ -71,7 +100,12 @@ def floored_metrics(records: List[dict]) -> List[str]:
 
 def summarise(run_dir: str, records: List[dict], costs: dict) -> dict:
     last = records[-1] if records else {}
+    changes = membership_changes(run_dir)
+    history = [n for n in [changes[0]["membership"].get("old_size")]
+               + [c["membership"].get("ranks") for c in changes] if n is not None] \
+        if changes else []
     out = {"run": run_dir, "epochs": len(records), "ranks": last.get("ranks"),
+           "rank_history": history, "membership": [describe_change(c) for c in changes],
            "device": last.get("device"), "last": {}, "best": {}, "physics": {},
            "samples_per_s": None, "cost": costs}
     for key in loss_keys(records) + other_val_keys(records):
@@ -97,7 +131,8 @@ def summarise(run_dir: str, records: List[dict], costs: dict) -> dict:
 def text_lines(s: dict, cost_lines: List[str], skipped: Dict[str, str]) -> List[str]:
     from ..calo.published import place, reference_lines
 
-    lines = [f"run {s['run']}: {s['epochs']} epoch(s) on {s['ranks']} {s['device']} rank(s)"]
+    lines = [f"run {s['run']}: {s['epochs']} epoch(s) on {ranks_text(s)} {s['device']} rank(s)"]
+    lines += [f"membership: {change}" for change in s.get("membership", [])]
     for key, value in s["last"].items():
         best = s["best"][key]
         lines.append(f"{key}: last {value:.5g}, lowest {best['value']:.5g} at epoch "
