@@ -1,6 +1,7 @@
 """A sweep under real ``mpirun --with-ft ulfm`` (``search.elastic``) and a real ``kill -9``:
 a lost block rank costs one trial, never the sweep; a lost coordinator ends it with 75, and
 ``--resume`` finishes it from the journal."""
+import csv
 import json
 import os
 import signal
@@ -73,6 +74,19 @@ def test_a_lost_block_rank_costs_one_trial_never_the_sweep(tmp_path, toy_file):
         assert [(r["epoch"], r["step"]) for r in records if "time" in r] == [(1, 64)]
         assert not [r for r in records if "membership" in r or "stopped" in r]
         assert f"[trial {other} fold {fold}] mpilearn: resumed from" not in proc.stdout
+    # the report marks the lost block and the requeued trial (text, best.json, trials.csv)
+    report = subprocess.run([sys.executable, "-m", "mpilearn.report", str(out)],
+                            capture_output=True, text=True, cwd=REPO, env=ENV, timeout=120)
+    assert report.returncode == 0, report.stderr
+    trial = next(e["trial"] for e in started if e["key"] == victim)
+    assert (f"lost block 0: {lost[0]['reason']}; its trial {trial} ran again on another "
+            "block") in report.stdout, report.stdout
+    best = json.load(open(out / "report" / "best.json"))
+    assert best["lost_blocks"] == [{"block": 0, "reason": lost[0]["reason"],
+                                    "time": lost[0]["time"], "trial": trial}]
+    rows = {r["key"]: r for r in csv.DictReader(open(out / "report" / "trials.csv"))}
+    assert rows[victim]["requeued_after"] == f"block 0 lost: {lost[0]['reason']}"
+    assert rows[victim]["status"] == "done" and rows[other]["requeued_after"] == ""
     print(f"wall {time.monotonic() - start:.1f} s")
 
 
@@ -102,4 +116,17 @@ def test_a_lost_coordinator_ends_the_sweep_75_and_resume_finishes_it(tmp_path, t
     requeued = {e["key"] for e in events[len(before):] if e["event"] == "started"
                 and e.get("requeued")}
     assert in_flight == requeued, json.dumps(events[len(before):])[:2000]
+    # the report marks the lost block and the requeued trial (text, best.json, trials.csv)
+    report = subprocess.run([sys.executable, "-m", "mpilearn.report", str(out)],
+                            capture_output=True, text=True, cwd=REPO, env=ENV, timeout=120)
+    assert report.returncode == 0, report.stderr
+    trial = next(e["trial"] for e in started if e["key"] == victim)
+    assert (f"lost block 0: {lost[0]['reason']}; its trial {trial} ran again on another "
+            "block") in report.stdout, report.stdout
+    best = json.load(open(out / "report" / "best.json"))
+    assert best["lost_blocks"] == [{"block": 0, "reason": lost[0]["reason"],
+                                    "time": lost[0]["time"], "trial": trial}]
+    rows = {r["key"]: r for r in csv.DictReader(open(out / "report" / "trials.csv"))}
+    assert rows[victim]["requeued_after"] == f"block 0 lost: {lost[0]['reason']}"
+    assert rows[victim]["status"] == "done" and rows[other]["requeued_after"] == ""
     print(f"wall {time.monotonic() - start:.1f} s")

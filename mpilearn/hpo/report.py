@@ -46,7 +46,9 @@ from ..core.io import atomic_write_text, read_jsonl
 
 
 def trials(run_dir: str):
-    state = Journal(os.path.join(run_dir, "journal.jsonl")).replay()
+    path = os.path.join(run_dir, "journal.jsonl")
+    state = Journal(path).replay()
+    lost = {e["key"]: e for e in lost_blocks(read_jsonl(path)) if e.get("key")}
     rows = []
     for key in state.order:
         start, end = state.started[key], state.finished.get(key) or {}
@@ -56,8 +58,31 @@ def trials(run_dir: str):
                      "value": values[0] if values and end.get("status") == "done" else None,
                      "std": end.get("std"), "fold_values": end.get("fold_values"),
                      "step": end.get("step"), "wall": end.get("wall"),
-                     "origin": start.get("origin", ""), "reason": end.get("reason", "")})
+                     "origin": start.get("origin", ""), "reason": end.get("reason", ""),
+                     # run again after its block was lost under it (from its folds' checkpoints)
+                     "requeued_after": (f"block {lost[key]['block']} lost: {lost[key]['reason']}"
+                                        if key in lost else "")})
     return sorted(rows, key=lambda r: r["trial"])
+
+
+def state_trial(rows, key):
+    """The trial number of ``key`` as trials.csv numbers it (None: no such trial)."""
+    return next((r["trial"] for r in rows if r["key"] == key), None)
+
+
+def lost_blocks(events) -> list:
+    """Every block lost under the sweep (``block_lost``): block, reason, time, and the key of
+    the trial it was running (its ``interrupted`` event with that reason), if any."""
+    out = []
+    for i, e in enumerate(events):
+        if e["event"] != "block_lost":
+            continue
+        stopped = next((x for x in events[i + 1:] if x["event"] == "interrupted"
+                        and x.get("block") == e["block"] and x.get("reason") == e["reason"]),
+                       None)
+        out.append({"block": e["block"], "reason": e["reason"], "time": e.get("time"),
+                    "key": stopped["key"] if stopped else None})
+    return out
 
 
 def utilisation(run_dir: str):
@@ -173,15 +198,16 @@ def main(argv=None) -> int:
         w = csv.writer(f)
         w.writerow(["trial", "key", "status", "value", "values", "std", "fold_values",
                     "pruned_at_step", "wall_s", "device_hours", "cost", "origin", *names,
-                    "reason"])
+                    "reason", "requeued_after"])
         for r in rows:
             w.writerow([r["trial"], r["key"], r["status"], r["value"], json.dumps(r["values"]),
                         r["std"], json.dumps(r["fold_values"]), r["step"], r["wall"],
                         r["device_hours"], r["cost"],
                         r["origin"], *[r["params"].get(n) for n in names],
-                        r["reason"].splitlines()[0] if r["reason"] else ""])
+                        r["reason"].splitlines()[0] if r["reason"] else "", r["requeued_after"]])
     front = pareto_front(rows, signs) if n_obj > 1 else []
     spans, util = utilisation(args.run_dir)
+    lost = lost_blocks(events)
     weights = importance(rows, space)
     summary = {"trials": len(rows), **Counter(r["status"] for r in rows),
                "directions": list(directions),
@@ -189,12 +215,16 @@ def main(argv=None) -> int:
                "pareto": [{k: r[k] for k in ("trial", "key", "values", "params")} for r in front],
                "importance": weights, "block_utilisation": util,
                "origins": dict(Counter(r["origin"] or "requeued" for r in rows)),
+               "lost_blocks": [{k: b[k] for k in ("block", "reason", "time")}
+                               | {"trial": state_trial(rows, b["key"])} for b in lost],
                "refit": refit(args.run_dir), "cost": costs}
     atomic_write_text(os.path.join(out, "best.json"), json.dumps(summary, indent=2))
     skipped = plots(out, rows, done, names, space, directions, signs, front, spans, util,
                     weights, events, objective_labels(args.run_dir, directions),
                     _search_config(args.run_dir).get("pruner", "none"))
-    lines = []
+    lines = [f"lost block {b['block']}: {b['reason']}"
+             + (f"; its trial {state_trial(rows, b['key'])} ran again on another block"
+                if b["key"] else "") for b in lost]
     if best:
         lines.append(f"best {best['value']:.6g} +- {best['std']:.2g}: {best['params']} "
                      f"(trial {best['trial']})")
@@ -357,29 +387,36 @@ def plots(out, rows, done, names, space, directions, signs, front, spans, util, 
         save(fig, "pareto.png")
 
     fig, ax = plt.subplots(figsize=(9, 0.6 * max(2, len(spans)) + 1.5))
-    draw_utilisation(ax, spans, util)
+    draw_utilisation(ax, spans, util, lost_blocks(events))
     save(fig, "utilisation.png")
     return skipped
 
 
-def draw_utilisation(ax, spans: dict, util) -> None:
+def draw_utilisation(ax, spans: dict, util, lost=()) -> None:
     """The block timeline: one row per block (integer ticks, one per block up to 20), each
-    trial a bar with a white edge, so that back-to-back trials stay apart."""
+    trial a bar with a white edge, so that back-to-back trials stay apart; a lost block
+    (``lost_blocks``) a red cross where it was lost."""
     from matplotlib.ticker import MaxNLocator
 
     t0 = min((s for v in spans.values() for s, _ in v), default=0)
     for block, intervals in sorted(spans.items()):
         ax.broken_barh([(s - t0, e - s) for s, e in intervals], (block - 0.4, 0.8),
                        edgecolor="white", linewidth=0.5)
-    blocks = sorted(spans) or [0]
+    marked = [b for b in lost if b.get("time") is not None]
+    if marked:
+        ax.plot([b["time"] - t0 for b in marked], [b["block"] for b in marked], "x",
+                color="tab:red", markersize=12, markeredgewidth=2.5)
+    blocks = sorted(set(spans) | {b["block"] for b in marked}) or [0]
     if len(blocks) <= 20:
         ax.set_yticks(blocks)
     else:
         ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylim(blocks[-1] + 0.6, blocks[0] - 0.6)  # block 0 on top, as a timeline reads
-    ax.set(xlabel="seconds since the first trial", ylabel="block",
-           title=f"block utilisation {util:.1%} (while jobs ran)" if util is not None
-           else "block utilisation")
+    title = f"block utilisation {util:.1%} (while jobs ran)" if util is not None \
+        else "block utilisation"
+    if marked:
+        title += f"; red x: {len(marked)} block(s) lost, each trial ran again on another"
+    ax.set(xlabel="seconds since the first trial", ylabel="block", title=title)
 
 
 def log_axis(ax, low: float, high: float) -> None:

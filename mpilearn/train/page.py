@@ -282,9 +282,10 @@ def sweep_page(run_dir: str, summary: dict, rows: List[dict], names: List[str],
     page.heading("Summary")
     page.pre("\n".join(lines))
     page.heading("Trials")
-    page.table(["trial", "status", "value", "std", "wall s", "origin"] + names,
-               [[r["trial"], r["status"], r["value"], r["std"], r["wall"], r["origin"]]
-                + [r["params"].get(n) for n in names] for r in rows])
+    page.table(["trial", "status", "value", "std", "wall s", "origin", "requeued after"] + names,
+               [[r["trial"], r["status"], r["value"], r["std"], r["wall"], r["origin"],
+                 r.get("requeued_after", "")] + [r["params"].get(n) for n in names]
+                for r in rows])
     page.heading("Plots")
     page.figures(sorted(glob.glob(os.path.join(run_dir, "report", "*.png"))))
     return finish(page, run_dir)
