@@ -37,6 +37,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from ..core.comm import check_on_root
+from ..core.cpu import emulated
 from ..errors import UsageError, exit_status
 from ..cluster.launcher import RankZeroArgumentParser
 from . import ranges
@@ -202,12 +203,31 @@ def onnx_model(path: str, variant: str, threads: int = 0):
                                            for k, v in zip(names, inputs)})[0]
 
 
+# showers from which --precision auto takes int8-fast on the CPU: its calibration and physics
+# gate cost ~3 x --gate-events fp32 showers, which int8-fast's ~2.5x speed-up over fp32-fast
+# (docs/benchmarks/fastsim.md) pays back at ~500; four times that, so that it clearly pays
+AUTO_INT8_EVENTS = 2000
+# what an emulated bf16 costs, measured (bench/generate.py, batch 1, the full angle generator)
+EMULATED_BF16_COST = ("measured on an AVX2-only AMD EPYC, bf16-fast took 2 220 ms per shower "
+                      "against fp32-fast's 62 and int8-fast's 28")
+
+
+def auto_precision(task, device: str, events: int, runtime: str = "torch") -> str:
+    """--precision auto: the fastest variant behind a physics gate for this run and device
+    (--runtime onnx: the file's own, fp32 as far as PyTorch is concerned)."""
+    from .runs import is_keras
+
+    if is_keras(task) or not device.startswith("cpu") or runtime == "onnx":
+        return "fp32"
+    return "int8-fast" if events >= AUTO_INT8_EVENTS else "fp32-fast"
+
+
 def plan_conditions(args, plan, task):
     """Rank 0, with the model: the conditions the variant takes, read or described."""
     from .runs import is_keras
 
     angle_key = task.preprocess.angle_key if task.variant == "angle" else None
-    if args.precision != "fp32" and is_keras(task):
+    if args.precision not in ("fp32", "auto") and is_keras(task):
         raise UsageError(f"--precision {args.precision} needs a PyTorch run (Keras: fp32)")
     if args.precision == "int8-fast" and not args.device.startswith("cpu"):
         raise UsageError(f"--precision int8-fast runs on the CPU (oneDNN), not --device {args.device}")
@@ -369,8 +389,12 @@ def main(argv=None) -> int:
                    "training ranges (RUN/training_ranges.json) with one warning, not exit 2")
     p.add_argument("--seed", type=int, default=0, help="noise and drawn conditions (default 0)")
     p.add_argument("--batch-size", type=int, default=100)
-    p.add_argument("--precision", choices=("fp32", "bf16", "fp32-fast", "bf16-fast", "int8-fast"),
-                   default="fp32", help="bf16: autocast; fp32-fast / bf16-fast: the generator "
+    p.add_argument("--precision", choices=("auto", "fp32", "bf16", "fp32-fast", "bf16-fast",
+                                           "int8-fast"),
+                   default="auto", help="auto (default): on the CPU, int8-fast from "
+                   f"{AUTO_INT8_EVENTS} showers on (where its gate pays back; fp32-fast if the "
+                   "gate refuses it), else fp32-fast; on a GPU and for Keras runs, fp32. "
+                   "bf16: autocast; fp32-fast / bf16-fast: the generator "
                    "rewritten for CPU inference (mpilearn.calo.fastpath; fp32-fast is the same "
                    "function); int8-fast: that rewrite with int8 convolutions (oneDNN, CPU), "
                    "calibrated on the run's training ranges and refused (exit 2) unless it "
@@ -422,9 +446,26 @@ def main(argv=None) -> int:
         task.seed = args.seed
         table = ctx.comm.bcast(check_on_root(ctx.comm, plan_conditions, args, plan, task), root=0)
         model = None
+        auto = args.precision == "auto"
+        if auto:
+            n = len(table[0]) if table is not None else args.events
+            args.precision = auto_precision(task, args.device, n, args.runtime)
         if args.precision == "int8-fast":
             model, meta = int8_model(task, plan)
-            check_on_root(ctx.comm, gate_int8, args, task, model, meta)
+            try:
+                check_on_root(ctx.comm, gate_int8, args, task, model, meta)
+            except UsageError as err:
+                if not auto:
+                    raise
+                if ctx.rank == 0:  # auto falls back to the same function as fp32
+                    print(f"mpilearn: {err}; --precision auto uses fp32-fast instead",
+                          file=sys.stderr, flush=True)
+                args.precision, model = "fp32-fast", None
+        why = emulated(args.precision) if args.device == "cpu" else None
+        if why and ctx.rank == 0:
+            print(f"mpilearn: warning: --precision {args.precision} on {why}: "
+                  f"{EMULATED_BF16_COST}; use --precision fp32-fast, int8-fast or auto",
+                  file=sys.stderr, flush=True)
         ctx.comm.Barrier()
         start = time.perf_counter()
         if ctx.rank == 0:
@@ -459,7 +500,8 @@ def main(argv=None) -> int:
                                f"{args.threads} thread(s) per rank" if args.threads else
                                "ONNX Runtime's default threads"))
         else:
-            source, how = f"{plan.checkpoint} ({epoch})", f"{args.device}, {args.precision}"
+            source, how = f"{plan.checkpoint} ({epoch})", f"{args.device}, {args.precision}" \
+                + (" (--precision auto)" if auto else "")
             if args.device == "cpu":
                 how += f", {torch.get_num_threads()} thread(s) per rank"
         print(f"generated {n} showers from {source} on {ctx.size} rank(s), {how}: "
