@@ -67,21 +67,28 @@ def test_two_ranks_equal_one_rank_with_double_batch_under_each_rule(toy_files, t
         np.testing.assert_allclose(wb[k].numpy(), wa[k].numpy(), rtol=1e-12, atol=1e-14)
 
 
-def test_warmup_survives_a_resume_exactly(toy_files, tmp_path):
-    # a 3-epoch warm-up: the run stops after epoch 1 mid-ramp and resumes for two more
-    extra = ("--set", "train.lr_scaling=linear", "--set", "train.warmup_epochs=3")
+def _whole_and_resumed(toy_files, tmp_path, stop_after, *extra):
+    """Three epochs at np=2 in one run ("whole"), and stopped after ``stop_after`` epochs then
+    resumed to three ("cut"); the two run directories."""
     whole = _run(2, toy_files, tmp_path / "whole", 16, *extra, "--set", "train.epochs=3")
     assert whole.returncode == 0, whole.stderr
     cut = tmp_path / "cut"
-    first = _run(2, toy_files, cut, 16, *extra, "--set", "train.epochs=1")
+    first = _run(2, toy_files, cut, 16, *extra, "--set", f"train.epochs={stop_after}")
     assert first.returncode == 0, first.stderr
     rest = _run(2, toy_files, cut, 16, *extra, "--set", "train.epochs=3", "--resume")
     assert rest.returncode == 0, rest.stderr
-    lrs = _lrs(tmp_path / "whole")
+    return tmp_path / "whole", cut
+
+
+def test_warmup_survives_a_resume_exactly(toy_files, tmp_path):
+    # a 3-epoch warm-up: the run stops after epoch 1 mid-ramp and resumes for two more
+    whole, cut = _whole_and_resumed(toy_files, tmp_path, 1, "--set", "train.lr_scaling=linear",
+                                    "--set", "train.warmup_epochs=3")
+    lrs = _lrs(whole)
     # step 6k+5 (the epoch's last) of 18 warm-up steps: 1 + (2 - 1) x (6k + 6) / 18
     assert lrs == pytest.approx([0.01 * (1 + 6 / 18), 0.01 * (1 + 12 / 18), 0.02])
     assert _lrs(cut) == lrs
-    wa, wb = _weights(tmp_path / "whole"), _weights(cut)
+    wa, wb = _weights(whole), _weights(cut)
     for k in wa:
         assert np.array_equal(wa[k].numpy(), wb[k].numpy()), k
 
@@ -152,21 +159,15 @@ def test_srsr_past_its_bound_is_refused_before_training(toy_files, tmp_path):
 
 
 def test_gain_follows_the_noise_scale_and_resumes_exactly(toy_files, tmp_path):
-    extra = ("--set", "train.lr_scaling=gain", "--set", "train.max_steps_per_epoch=12")
-    whole = _run(2, toy_files, tmp_path / "whole", 16, *extra, "--set", "train.epochs=3")
-    assert whole.returncode == 0, whole.stderr
-    cut = tmp_path / "cut"
-    first = _run(2, toy_files, cut, 16, *extra, "--set", "train.epochs=2")
-    assert first.returncode == 0, first.stderr
-    rest = _run(2, toy_files, cut, 16, *extra, "--set", "train.epochs=3", "--resume")
-    assert rest.returncode == 0, rest.stderr
-    records = [json.loads(line) for line in open(tmp_path / "whole" / "metrics.jsonl")]
+    whole, cut = _whole_and_resumed(toy_files, tmp_path, 2, "--set", "train.lr_scaling=gain",
+                                    "--set", "train.max_steps_per_epoch=12")
+    records = [json.loads(line) for line in open(whole / "metrics.jsonl")]
     # epoch 1 at the configured rate (nothing measured yet), then x gain (SGD: linear in it)
     gains = [r["noise_scale"]["optimizer"]["gain"] for r in records]
     assert records[0]["lr"] == pytest.approx(0.01)
     assert all(1.0 < g < 2.0 for g in gains)  # between no gain and k = 2
     assert records[1]["lr"] == pytest.approx(0.01 * gains[0])
-    assert _lrs(cut) == pytest.approx(_lrs(tmp_path / "whole"), rel=1e-12)
-    wa, wb = _weights(tmp_path / "whole"), _weights(cut)
+    assert _lrs(cut) == pytest.approx(_lrs(whole), rel=1e-12)
+    wa, wb = _weights(whole), _weights(cut)
     for k in wa:
         np.testing.assert_allclose(wb[k].numpy(), wa[k].numpy(), rtol=1e-12, atol=1e-14)
