@@ -23,13 +23,18 @@ def optimize(config, *extra, np_=2):
                         *extra], timeout=300, env={"PYTHONPATH": TESTS})
 
 
+def quadratic_sweep(out, budget: int, folds: int) -> dict:
+    """A random search of objectives:slow_quadratic on one block, folds in sequence."""
+    return {"output": str(out),
+            "search": {"searcher": "random", "budget": budget, "blocks": 1, "folds": folds,
+                       "fold_mode": "sequential",
+                       "objective": {"function": "objectives:slow_quadratic"},
+                       "space": {"x": {"type": "real", "low": 0, "high": 1}}}}
+
+
 def test_resume_refuses_changes_to_what_the_trials_are_and_keeps_every_accepted_config(tmp_path):
     out = tmp_path / "sweep"
-    cfg = {"output": str(out),
-           "search": {"searcher": "random", "budget": 2, "blocks": 1, "folds": 1,
-                      "fold_mode": "sequential",
-                      "objective": {"function": "objectives:slow_quadratic"},
-                      "space": {"x": {"type": "real", "low": 0, "high": 1}}}}
+    cfg = quadratic_sweep(out, budget=2, folds=1)
     path = write(tmp_path / "hpo.yaml", cfg)
     assert optimize(path).returncode == 0
     saved = (out / "config.yaml").read_bytes()
@@ -72,11 +77,7 @@ def test_resume_refuses_changes_to_what_the_trials_are_and_keeps_every_accepted_
 
 def test_a_trials_wall_time_with_sequential_folds_is_theirs_summed(tmp_path):
     out = tmp_path / "sweep"
-    cfg = {"output": str(out),
-           "search": {"searcher": "random", "budget": 1, "blocks": 1, "folds": 3,
-                      "fold_mode": "sequential",
-                      "objective": {"function": "objectives:slow_quadratic"},
-                      "space": {"x": {"type": "real", "low": 0, "high": 1}}}}
+    cfg = quadratic_sweep(out, budget=1, folds=3)
     assert optimize(write(tmp_path / "hpo.yaml", cfg)).returncode == 0
     done = [e for e in read_jsonl(str(out / "journal.jsonl")) if e["event"] == "done"]
     walls = [f["wall"] for f in done[0]["folds"]]
