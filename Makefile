@@ -19,7 +19,8 @@ export PRTE_MCA_rmaps_default_mapping_policy := :oversubscribe
 MPICH   := $(VENV)/mpich
 MPICH_STAMP := $(MPICH)/.installed
 
-.PHONY: setup demo test check bench clean horovod slurm-packages browser-packages jobs bytecode docs
+.PHONY: setup demo test check bench clean horovod slurm-packages browser-packages jobs bytecode docs \
+        image-test image-packages
 
 setup: $(STAMP)
 
@@ -59,14 +60,44 @@ CLUSTER_LOG := .test-clusters.log
 bytecode: $(STAMP)
 	@$(BIN)/python -m compileall -q mpilearn tests models > /dev/null
 
-test: $(STAMP) $(HVD_STAMP) $(MPICH_STAMP) slurm-packages browser-packages bytecode
+test: $(STAMP) $(HVD_STAMP) $(MPICH_STAMP) slurm-packages browser-packages image-packages bytecode
 	@$(BIN)/python -m pytest -q -p no:cacheprovider -m cluster --durations=15 tests \
 	  > $(CLUSTER_LOG) 2>&1 & clusters=$$!; \
-	$(BIN)/python -m pytest -q $(PYTEST_XDIST) -m "not cluster" --durations=40 tests; rest=$$?; \
+	$(IMAGE_PYTEST) > $(IMAGE_LOG) 2>&1 & images=$$!; \
+	$(BIN)/python -m pytest -q $(PYTEST_XDIST) -m "not cluster and not image" --durations=40 tests; rest=$$?; \
 	wait $$clusters; status=$$?; \
+	wait $$images; imgstatus=$$?; \
 	echo "== the cluster tests (pytest -m cluster), run beside the rest in a process of their own =="; \
 	cat $(CLUSTER_LOG); \
-	[ $$rest -eq 0 ] && [ $$status -eq 0 ]
+	echo "== the image tests (make image-test), run beside the rest in a process of their own =="; \
+	cat $(IMAGE_LOG); \
+	[ $$rest -eq 0 ] && [ $$status -eq 0 ] && [ $$imgstatus -eq 0 ]
+
+# The image tests (marker image, tests/test_image_build.py): build containers/Containerfile
+# with podman on a local Debian base (mmdebstrap, cached in ~/.cache/mpilearn/images) and run
+# the demo and a rendered MPIJob's launcher command in it. Mostly downloads and waiting: `make
+# test` runs them in a process of their own beside the rest, like the cluster tests. A cold
+# run takes minutes (docs/guide/kubernetes.md); a warm one, with podman's layers, seconds.
+# (inside the venv: ignored by git, as .gitignore names .test-clusters.log alone)
+IMAGE_LOG := $(VENV)/test-images.log
+IMAGE_PYTEST = $(BIN)/python -m pytest -q -p no:cacheprovider -m image --durations=10 \
+  tests/test_image_build.py
+image-test: $(STAMP) image-packages
+	@$(IMAGE_PYTEST)
+
+# podman (run with runc: this machine's crun fails), buildah, and mmdebstrap for the local
+# base image, as root. Without root the image tests FAIL, saying so (they are the image's only
+# test that builds it).
+IMAGE_PKGS := podman buildah runc mmdebstrap
+image-packages:
+	@if command -v podman >/dev/null && command -v buildah >/dev/null \
+	   && command -v runc >/dev/null && command -v mmdebstrap >/dev/null; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  echo "installing $(IMAGE_PKGS) for the image tests"; \
+	  $(call APT_INSTALL,$(IMAGE_PKGS)); \
+	else \
+	  echo "*** not root: cannot install $(IMAGE_PKGS); the image tests will FAIL ***"; \
+	fi
 
 # The loop before a commit (a few minutes): every test that starts no process (marker unit,
 # set in tests/conftest.py) and the np=2 smoke runs of train, optimize and generate (marker
