@@ -37,8 +37,8 @@ BASE = "localhost/debian-base:bookworm"
 BASE_TAR = os.path.join(CACHE, "debian-bookworm-minbase.tar")
 IMAGE = "localhost/mpilearn:image-test"
 # torch's extra (cloudpickle) instead of the default hpo,keras: keras pulls tensorflow-cpu
-# (~600 MB more to download and unpack, minutes of a cold build) and the runs below use
-# neither the searchers nor Keras
+# (hundreds of MB more to download and unpack, minutes of a cold build) and the runs below
+# use neither the searchers nor Keras
 EXTRAS = "torch"
 UID = 1000
 TOOLS = ("podman", "buildah", "runc", "mmdebstrap")
@@ -104,8 +104,8 @@ def podman(tmp_path_factory):
     if missing:
         pytest.fail(f"*** IMAGE TESTS FAILED: {', '.join(missing)} not installed. `make "
                     "image-test` installs podman, buildah, runc and mmdebstrap from the "
-                    "distribution as root; " + ("this is root, so the install failed: see "
-                    "its output" if os.geteuid() == 0 else "this is not root") + " ***")
+                    "distribution as root; " + ("run through it, as root, the install failed: "
+                    "see its output" if os.geteuid() == 0 else "this is not root") + " ***")
     if os.geteuid() != 0:
         pytest.fail("*** IMAGE TESTS FAILED: they need root (rootful podman, mmdebstrap) ***")
     p = Podman(str(tmp_path_factory.mktemp("podman")))
@@ -124,6 +124,8 @@ def base(podman):
     if not os.path.exists(BASE_TAR):
         os.makedirs(CACHE, exist_ok=True)
         partial = BASE_TAR + ".partial"
+        if os.path.exists(partial):  # a killed run's
+            os.remove(partial)
         cmd = ["mmdebstrap", "--variant=minbase", "--format=tar", "--include=ca-certificates",
                "bookworm", partial]
         try:
@@ -176,7 +178,8 @@ def build_mounts(tmp):
 @pytest.fixture(scope="module")
 def image(podman, base, tmp_path_factory, pytestconfig):
     mounts, note = build_mounts(str(tmp_path_factory.mktemp("build")))
-    proc = podman("build", "--network=host", "-f", "containers/Containerfile",
+    containerfile = os.path.join(REPO, "containers", "Containerfile")
+    proc = podman("build", "--network=host", "-f", containerfile,
                   "--build-arg", f"BASE={base}", "--build-arg", f"EXTRAS={EXTRAS}", *mounts,
                   "-t", IMAGE, REPO, timeout=BUILD_TIMEOUT,
                   what="podman build -f containers/Containerfile")
