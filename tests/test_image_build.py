@@ -7,8 +7,9 @@ debian:bookworm-slim, is what a user pulls). podman runs with runc and a contain
 clears the default ulimits (crun and podman's default ulimits fail on this machine: see
 docs/guide/kubernetes.md, "Building and testing the image here"). Inside the image, as its
 user (UID 1000) with a run directory mounted from the host: one demo epoch at np=2, and the
-launcher command of a rendered MPIJob with the operator's host file naming this container
-(-np 2, no ssh). Needs root and podman, buildah, runc and mmdebstrap (`make image-test`
+launcher command of a rendered MPIJob, once with the operator's host file naming the launcher's
+own container (-np 2, no ssh), once with a worker container on a podman network running the
+rendered worker command (sshd) and the ranks started there over ssh. Needs root and podman, buildah, runc and mmdebstrap (`make image-test`
 installs them): without them the tests FAIL, saying so, never skip.
 
 The base's tar is kept in ~/.cache/mpilearn/images/ (MPILEARN_CACHE) and podman keeps the
@@ -23,6 +24,7 @@ import socket
 import stat
 import subprocess
 import time
+import types
 
 import pytest
 import yaml
@@ -45,7 +47,10 @@ TOOLS = ("podman", "buildah", "runc", "mmdebstrap")
 BUILD_TIMEOUT = 20 * 60
 RUN_TIMEOUT = 10 * 60
 # containers this module starts (removed at the end whatever happened)
-NAMES = ("mpilearn-imgtest-check", "mpilearn-imgtest-demo", "mpilearn-imgtest-launcher")
+NAMES = ("mpilearn-imgtest-check", "mpilearn-imgtest-demo", "mpilearn-imgtest-launcher",
+         "mpilearn-imgtest-worker")
+# the two-container MPIJob's network (podman's CNI bridge; static addresses: no DNS plugin here)
+NETWORK, SUBNET = "mpilearn-imgtest", "10.89.7"
 CONTAINERS_CONF = "[containers]\ndefault_ulimits = []\npids_limit = 0\n"
 # This machine's pip set-up travels into the build as read-only mounts of the build alone (none
 # of it stays in the image): TLS goes through a proxy with its own CA (pip checks against the
@@ -87,15 +92,18 @@ class Podman:
                         f"--- stdout\n{_tail(proc.stdout)}\n--- stderr\n{_tail(proc.stderr)}")
         return proc
 
-    def run(self, name, *args, timeout=RUN_TIMEOUT, what=None, check=True):
-        """``podman run --rm`` as the image's user, on the host's network; removed afterwards
-        even when the client was killed by the timeout."""
+    def run(self, name, *args, timeout=RUN_TIMEOUT, what=None, check=True, network="host"):
+        """``podman run --rm`` as the image's user, on the host's network (or ``network``);
+        removed afterwards even when the client was killed by the timeout."""
         try:
-            return self("run", "--rm", "--name", name, "--network=host", "--user", str(UID),
-                        *args, timeout=timeout, what=what, check=check)
+            return self("run", "--rm", "--name", name, f"--network={network}", "--user",
+                        str(UID), *args, timeout=timeout, what=what, check=check)
         finally:
-            subprocess.run(["podman", "--runtime", "runc", "rm", "-f", "--ignore", name],
-                           capture_output=True, env=self.env, timeout=120)
+            self.remove(name)
+
+    def remove(self, name):
+        subprocess.run(["podman", "--runtime", "runc", "rm", "-f", "-t", "2", "--ignore", name],
+                       capture_output=True, env=self.env, timeout=120)
 
 
 @pytest.fixture(scope="module")
@@ -111,8 +119,8 @@ def podman(tmp_path_factory):
     p = Podman(str(tmp_path_factory.mktemp("podman")))
     yield p
     for name in NAMES:
-        subprocess.run(["podman", "--runtime", "runc", "rm", "-f", "--ignore", name],
-                       capture_output=True, env=p.env, timeout=120)
+        p.remove(name)
+    p("network", "rm", "-f", NETWORK, check=False)
 
 
 @pytest.fixture(scope="module")
@@ -262,7 +270,11 @@ def rendered(tmp_path, config):
     return list(yaml.safe_load_all(out.getvalue()))
 
 
-def test_the_rendered_mpijob_launcher_command_trains_in_the_image(podman, image, tmp_path):
+def mpijob(tmp_path):
+    """A rendered MPIJob (one worker of two slots) and what its pods mount: the data volume
+    (a toy file), the runs volume, the ConfigMap at /etc/mpilearn, the operator's host file
+    at /etc/mpi/hostfile naming the worker; the launcher's environment as the operator sets
+    it (OpenMPI)."""
     from mpilearn.data import toy
 
     data = tmp_path / "data"  # the data volume, filled beforehand
@@ -275,12 +287,11 @@ def test_the_rendered_mpijob_launcher_command_trains_in_the_image(podman, image,
                                                 "max_steps_per_epoch": 4}}))
     config_map, job = rendered(tmp_path, config)
     name = job["metadata"]["name"]
-    spec = job["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]
-    launcher = spec["containers"][0]
-    assert launcher["image"] == IMAGE and spec["securityContext"]["runAsUser"] == UID
-    # the ConfigMap at /etc/mpilearn, the operator's host file at /etc/mpi/hostfile naming the
-    # one worker, which is this container (its host name resolves here: Open MPI starts the
-    # ranks itself, no ssh)
+    specs = {role: job["spec"]["mpiReplicaSpecs"][role]["template"]["spec"]
+             for role in ("Launcher", "Worker")}
+    for spec in specs.values():
+        assert spec["containers"][0]["image"] == IMAGE, spec
+        assert spec["securityContext"]["runAsUser"] == UID, spec
     etc = tmp_path / "etc-mpilearn"
     etc.mkdir()
     for key, text in config_map["data"].items():
@@ -289,22 +300,81 @@ def test_the_rendered_mpijob_launcher_command_trains_in_the_image(podman, image,
     (tmp_path / "etc-mpi").mkdir()
     (tmp_path / "etc-mpi" / "hostfile").write_text(f"{worker} slots=2\n")
     runs = world_writable(tmp_path / "runs")
+    volumes = [f"{data}:/work/data:ro", f"{runs}:/work/runs", f"{etc}:/etc/mpilearn:ro"]
     env = {"K_MPI_JOB_ROLE": "launcher", "OMPI_MCA_orte_keep_fqdn_hostnames": "true",
            "OMPI_MCA_orte_default_hostfile": "/etc/mpi/hostfile",
            "OMPI_MCA_orte_set_default_slots": "2"}
-    mounts = [f"{data}:/work/data:ro", f"{runs}:/work/runs", f"{etc}:/etc/mpilearn:ro",
-              f"{tmp_path / 'etc-mpi'}:/etc/mpi:ro"]
-    args = [a for m in mounts for a in ("-v", m)] + [a for k, v in env.items()
-                                                      for a in ("-e", f"{k}={v}")]
-    proc = podman.run(NAMES[2], "--hostname", worker, "--add-host", f"{worker}:127.0.0.1",
-                      "-w", launcher["workingDir"], *args, image, *launcher["command"],
-                      what="the MPIJob launcher's command in the image", check=False)
+    return types.SimpleNamespace(
+        name=name, worker=worker, runs=runs,
+        launcher=specs["Launcher"]["containers"][0], worker_spec=specs["Worker"]["containers"][0],
+        volumes=[a for v in volumes for a in ("-v", v)],
+        launcher_args=["-v", f"{tmp_path / 'etc-mpi'}:/etc/mpi:ro"]
+        + [a for k, v in env.items() for a in ("-e", f"{k}={v}")])
+
+
+def assert_trained(job, proc):
     assert proc.returncode == 0, (f"launcher exited {proc.returncode}\n--- stdout\n"
                                   f"{_tail(proc.stdout)}\n--- stderr\n{_tail(proc.stderr)}")
-    assert f"(MPIJob {name}), 2 process(es)" in proc.stdout, proc.stdout
-    out = runs / "train"
+    assert f"(MPIJob {job.name}), 2 process(es)" in proc.stdout, proc.stdout
+    out = job.runs / "train"
     assert (out / "metrics.jsonl").exists(), _tail(proc.stdout)
-    assert any(p.suffix == ".pt" or p.suffix == ".safetensors"
-               for p in (out / "models").iterdir()), list((out / "models").iterdir())
-    assert (out / f"hosts-{worker}").read_text().split()[0] == worker
+    models = list((out / "models").iterdir())
+    assert any(p.suffix == ".pt" for p in models), models
+    hosts = list(out.glob("hosts-*"))
+    assert [h.read_text().split()[0] for h in hosts] == [job.worker], hosts
     assert all(p.stat().st_uid == UID for p in [out, *out.rglob("*")])
+
+
+def test_the_rendered_mpijob_launcher_command_trains_in_the_image(podman, image, tmp_path):
+    """The launcher's command with the host file naming this container (its host name,
+    resolving here): Open MPI starts both ranks itself, no ssh."""
+    job = mpijob(tmp_path)
+    proc = podman.run(NAMES[2], "--hostname", job.worker, "--add-host",
+                      f"{job.worker}:127.0.0.1", "-w", job.launcher["workingDir"],
+                      *job.volumes, *job.launcher_args, image, *job.launcher["command"],
+                      what="the MPIJob launcher's command in the image", check=False)
+    assert_trained(job, proc)
+
+
+def test_the_mpijob_launcher_starts_its_ranks_in_the_worker_container_over_ssh(
+        podman, image, tmp_path):
+    """Two containers on one podman network, as the operator's pods: the worker runs the
+    rendered worker command (sshd on port 2222, as install.sh set it up), the launcher the
+    rendered launcher command; the job's key pair at ~/.ssh in both, as the operator's
+    Secret is; the volumes shared, as ReadWriteMany ones are."""
+    job = mpijob(tmp_path)
+    keys = tmp_path / "ssh"
+    keys.mkdir()
+    subprocess.run(["ssh-keygen", "-q", "-t", "rsa", "-N", "", "-f", str(keys / "id_rsa")],
+                   check=True, timeout=60, capture_output=True)
+    shutil.copy(keys / "id_rsa.pub", keys / "authorized_keys")
+    for f in keys.iterdir():  # root's on the host: readable by UID 1000, as a Secret's files
+        f.chmod(0o644)
+    if podman("network", "exists", NETWORK, check=False).returncode != 0:
+        podman("network", "create", "--subnet", f"{SUBNET}.0/24", NETWORK,
+               what=f"podman network create {NETWORK} ({SUBNET}.0/24)")
+    hosts = ["--add-host", f"{job.worker}:{SUBNET}.11",
+             "--add-host", f"{job.name}-launcher.{job.name}.default.svc:{SUBNET}.10"]
+    ssh = ["-v", f"{keys}:/home/mpiuser/.ssh:ro"]
+    worker, launcher = NAMES[3], NAMES[2]
+    try:
+        podman("run", "-d", "--rm", "--name", worker, f"--network={NETWORK}", "--ip",
+               f"{SUBNET}.11", "--hostname", job.worker, "--user", str(UID), *hosts, *ssh,
+               "-w", job.worker_spec["workingDir"], *job.volumes, image,
+               *job.worker_spec["command"], what="the worker container (sshd)")
+        deadline = time.monotonic() + 60
+        while "Server listening" not in podman("logs", worker, check=False).stderr:
+            assert time.monotonic() < deadline, ("the worker's sshd did not start in 60 s:\n"
+                                                 + podman("logs", worker, check=False).stderr)
+            time.sleep(0.5)
+        proc = podman.run(launcher, "--ip", f"{SUBNET}.10", "--hostname",
+                          f"{job.name}-launcher", *hosts, *ssh, "-w",
+                          job.launcher["workingDir"], *job.volumes, *job.launcher_args, image,
+                          *job.launcher["command"], network=NETWORK, check=False,
+                          what="the MPIJob launcher's command, ranks over ssh")
+        log = podman("logs", worker, check=False)
+    finally:
+        podman.remove(worker)
+    assert_trained(job, proc)
+    # the ranks ran in the worker container: its sshd let the launcher's mpirun in
+    assert "Accepted publickey for mpiuser" in log.stdout + log.stderr, _tail(log.stderr)
