@@ -30,7 +30,7 @@ import warnings
 
 import numpy as np
 
-from ..core.cpu import emulated
+from ..core.cpu import EMULATED_BF16_COST, emulated
 from ..errors import UsageError, exit_status
 
 # torch (and .runs, which imports it) is imported where used, so that --help stays quick
@@ -325,8 +325,6 @@ def write_variant(fp32_path: str, args, meta: dict, model, output: str) -> int:
           f"{'passed' if result['passed'] else 'FAILED'}: {numbers}")
     why = emulated(args.precision)
     if why:  # the file is for GPUs and bf16 CPUs: say what it costs here
-        from .generate import EMULATED_BF16_COST
-
         print(f"export: note: {path} is for GPUs and CPUs with bf16 units; on this CPU, {why}: "
               f"{EMULATED_BF16_COST}; here use fp32-fast or int8-fast", file=sys.stderr)
     return 0

@@ -37,7 +37,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from ..core.comm import check_on_root
-from ..core.cpu import emulated
+from ..core.cpu import EMULATED_BF16_COST, emulated
 from ..errors import UsageError, exit_status
 from ..cluster.launcher import RankZeroArgumentParser
 from . import ranges
@@ -207,9 +207,6 @@ def onnx_model(path: str, variant: str, threads: int = 0):
 # gate cost ~3 x --gate-events fp32 showers, which int8-fast's ~2.5x speed-up over fp32-fast
 # (docs/benchmarks/fastsim.md) pays back at ~500; four times that, so that it clearly pays
 AUTO_INT8_EVENTS = 2000
-# what an emulated bf16 costs, measured (bench/generate.py, batch 1, the full angle generator)
-EMULATED_BF16_COST = ("measured on an AVX2-only AMD EPYC, bf16-fast took 2 220 ms per shower "
-                      "against fp32-fast's 62 and int8-fast's 28")
 
 
 def auto_precision(task, device: str, events: int, runtime: str = "torch") -> str:

@@ -180,6 +180,12 @@ def noise_rows(records: List[dict]) -> tuple:
             [[e, opt] + [v.get(k) for k in keys] for e, opt, v in rows])
 
 
+def ranks_text(s: dict) -> str:
+    """"3" or, where the rank count changed, "3 -> 2" (from the first launch's size)."""
+    sizes = s.get("rank_history") or [s.get("ranks")]
+    return " -> ".join(str(n) for n in sizes)
+
+
 def launch_rows(costs: dict) -> List[list]:
     """[launch, ranks, exit status, devices, launched seconds] from the cost summary."""
     return [[l.get("launch"), l.get("ranks"), l.get("exit"), ", ".join(l.get("devices") or []),
@@ -190,8 +196,6 @@ def launch_rows(costs: dict) -> List[list]:
 def run_page(run_dir: str, summary: dict, records: List[dict], lines: List[str],
              cost_lines: List[str], costs: dict) -> str:
     """Writes ``RUN/index.html``; returns its path."""
-    from .report import ranks_text
-
     page = Page(f"mpilearn run {os.path.basename(os.path.abspath(run_dir))}", run_dir)
     page.para(f"{summary['epochs']} epoch(s) on {ranks_text(summary)} {summary['device']} "
               "rank(s); "

@@ -62,12 +62,6 @@ def describe_change(r: dict) -> str:
             f"{m.get('ranks')} ranks{took}")
 
 
-def ranks_text(s: dict) -> str:
-    """"3" or, where the rank count changed, "3 -> 2" (from the first launch's size)."""
-    sizes = s.get("rank_history") or [s.get("ranks")]
-    return " -> ".join(str(n) for n in sizes)
-
-
 def _number(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
@@ -130,6 +124,7 @@ def summarise(run_dir: str, records: List[dict], costs: dict) -> dict:
 
 def text_lines(s: dict, cost_lines: List[str], skipped: Dict[str, str]) -> List[str]:
     from ..calo.published import place, reference_lines
+    from .page import ranks_text
 
     lines = [f"run {s['run']}: {s['epochs']} epoch(s) on {ranks_text(s)} {s['device']} rank(s)"]
     lines += [f"membership: {change}" for change in s.get("membership", [])]
