@@ -116,17 +116,4 @@ def test_a_lost_coordinator_ends_the_sweep_75_and_resume_finishes_it(tmp_path, t
     requeued = {e["key"] for e in events[len(before):] if e["event"] == "started"
                 and e.get("requeued")}
     assert in_flight == requeued, json.dumps(events[len(before):])[:2000]
-    # the report marks the lost block and the requeued trial (text, best.json, trials.csv)
-    report = subprocess.run([sys.executable, "-m", "mpilearn.report", str(out)],
-                            capture_output=True, text=True, cwd=REPO, env=ENV, timeout=120)
-    assert report.returncode == 0, report.stderr
-    trial = next(e["trial"] for e in started if e["key"] == victim)
-    assert (f"lost block 0: {lost[0]['reason']}; its trial {trial} ran again on another "
-            "block") in report.stdout, report.stdout
-    best = json.load(open(out / "report" / "best.json"))
-    assert best["lost_blocks"] == [{"block": 0, "reason": lost[0]["reason"],
-                                    "time": lost[0]["time"], "trial": trial}]
-    rows = {r["key"]: r for r in csv.DictReader(open(out / "report" / "trials.csv"))}
-    assert rows[victim]["requeued_after"] == f"block 0 lost: {lost[0]['reason']}"
-    assert rows[victim]["status"] == "done" and rows[other]["requeued_after"] == ""
     print(f"wall {time.monotonic() - start:.1f} s")
