@@ -69,7 +69,7 @@ def test_relaunch_leaves_out_a_host_whose_ranks_failed_twice(tmp_path):
     # the host is left out after its second recorded abort, not before, not later; a launch
     # that failed with no rank's abort recorded (mpirun's own start on a loaded machine, seen
     # once in CI) counts against no host and is relaunched like any crash (3 restarts)
-    line = f"aborted: rank 0 (code 1 on {host})"
+    line = f"aborted: rank 0 (code 1 on {host}: RuntimeError: crash on every run)"
     aborts = [i for i in range(len(err)) if err.startswith(line, i)]
     leave = err.find(f"mpilearn-run: leaving out {host} (ranks there failed twice); 0 rank(s)")
     assert len(aborts) == 2 and leave > aborts[1], err[-4000:]

@@ -365,14 +365,17 @@ def ulfm_relaunch(cmd: List[str], open_mpi: bool, ranks: int, restarts: int,
 
 
 def aborted_ranks(path: str) -> List[tuple]:
-    """(rank, code, host) of every rank that recorded an abort in the job's status file."""
+    """(rank, code, host[, reason]) of every rank that recorded an abort in the job's status
+    file."""
     out = []
     try:
         with open(path) as f:
             for line in f:
                 fields = line.split()
                 if len(fields) >= 2 and fields[0].isdigit() and fields[1].lstrip("-").isdigit():
-                    out.append((int(fields[0]), int(fields[1]), *fields[2:3]))
+                    reason = " ".join(fields[3:])
+                    out.append((int(fields[0]), int(fields[1]), *fields[2:3],
+                                *((reason,) if reason else ())))
     except OSError:
         pass
     return out
@@ -580,8 +583,8 @@ def launch(cmd: List[str], open_mpi: bool, ranks: int = 1, aborted: Optional[lis
         if run_dirs is not None and recorded_output(status):
             run_dirs.append(recorded_output(status))
         if recorded:
-            who = ", ".join(f"rank {a[0]} (code {a[1]}{' on ' + a[2] if len(a) > 2 else ''})"
-                            for a in recorded)
+            who = ", ".join(f"rank {a[0]} (code {a[1]}{' on ' + a[2] if len(a) > 2 else ''}"
+                            f"{': ' + a[3] if len(a) > 3 else ''})" for a in recorded)
             sys.stderr.write(f"mpilearn-run: aborted: {who}\n")
     finally:
         for s, handler in saved.items():

@@ -105,14 +105,18 @@ def context() -> Context:
 STATUS_ENV = "MPILEARN_STATUS_FILE"
 
 
-def record_abort(rank: int, code: int) -> None:
-    """Before MPI_Abort: append ``rank code host`` to the job's status file (``mpilearn-run`` names
-    it in MPILEARN_STATUS_FILE). Under ``mpirun --with-ft ulfm`` an aborted job can exit 0, or
-    never end when every rank aborts; the launcher reads this file instead of trusting it."""
+def record_abort(rank: int, code: int, reason: str = "") -> None:
+    """Before MPI_Abort: append ``rank code host reason`` to the job's status file
+    (``mpilearn-run`` names it in MPILEARN_STATUS_FILE). Under ``mpirun --with-ft ulfm`` an
+    aborted job can exit 0, or never end when every rank aborts; the launcher reads this file
+    instead of trusting it. ``reason`` (the exception's last line) reaches the launcher's line
+    even where the launcher drops the rank's own last output (Hydra kills the job at an abort
+    before forwarding it, on a loaded machine)."""
     import socket
 
     # the host: relaunch leaves it out
-    _append_status(f"{rank} {code} {socket.gethostname()}\n")
+    _append_status(f"{rank} {code} {socket.gethostname()} {' '.join(reason.split())}".rstrip()
+                   + "\n")
 
 
 def record_relaunch(reason: str) -> None:
@@ -162,9 +166,9 @@ def record_end(code: int) -> None:
     _append_status(f"end {code}\n")
 
 
-def abort(world, code: int) -> None:
-    """MPI_Abort with ``code``, recorded for the launcher first."""
-    record_abort(world.Get_rank(), code)
+def abort(world, code: int, reason: str = "") -> None:
+    """MPI_Abort with ``code``, recorded for the launcher first (with ``reason``)."""
+    record_abort(world.Get_rank(), code, reason)
     world.Abort(code)
 
 
@@ -187,7 +191,7 @@ def install_abort_hook(comm) -> None:
         sys.stderr.write("".join(f"rank {rank}: {line}\n" for line in text.rstrip().splitlines()))
         sys.stderr.flush()
         if world.Get_size() > 1:
-            abort(world, 1)
+            abort(world, 1, traceback.format_exception_only(exc_type, exc)[-1].strip())
         else:
             os._exit(1)
 
@@ -260,7 +264,8 @@ def install_exit_guard(world) -> None:
                 sys.stderr.write(f"rank {rank}: exited with sys.exit({code!r}) while other ranks "
                                  "were still running; aborting the job\n")
                 sys.stderr.flush()
-                abort(world, code if isinstance(code, int) and code > 0 else 1)
+                abort(world, code if isinstance(code, int) and code > 0 else 1,
+                      f"sys.exit({code!r}) while other ranks were still running")
             time.sleep(0.005)
         if _EXIT_GUARD.get("shrunk"):
             # MPI_Finalize after a lost rank hung on loaded machines (ULFM); the SIGALRM that
