@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from conftest import ENV, REPO, TESTS, mpirun, shared, train_args
+from conftest import ENV, PMIX_START_FAILURE, REPO, TESTS, mpirun, shared, train_args
 from mpilearn.train import checkpoint as ckpt
 
 KILL_AFTER = 20  # applied steps before the victim dies (even: the rest fills np=2's batches)
@@ -26,10 +26,14 @@ def args(toy_file, out, *extra):
 
 
 def ulfm_run(np_, argv, env):
-    return subprocess.run(["mpirun", "--with-ft", "ulfm", "-np", str(np_), "--oversubscribe",
-                           *[a for k in env for a in ("-x", k)], sys.executable, *argv],
-                          capture_output=True, text=True, timeout=300, cwd=REPO,
-                          env={**ENV, **env})
+    for attempt in range(2):  # as conftest.mpirun: only a launcher that failed to start again
+        proc = subprocess.run(["mpirun", "--with-ft", "ulfm", "-np", str(np_), "--oversubscribe",
+                               *[a for k in env for a in ("-x", k)], sys.executable, *argv],
+                              capture_output=True, text=True, timeout=300, cwd=REPO,
+                              env={**ENV, **env})
+        if PMIX_START_FAILURE not in proc.stderr:
+            break
+    return proc
 
 
 def final_model(out):
