@@ -3,7 +3,7 @@
 ``import mpilearn.torch as hvd`` gives the Horovod-shaped API; ``python -m mpilearn.train``
 runs a training job. MPI is initialised by ``init()``, never on import.
 """
-__version__ = "0.1.0"
+__version__ = "0.2.0"  # = pyproject.toml's version (tests/test_layout.py)
 
 
 def init(comm=None):

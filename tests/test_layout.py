@@ -167,3 +167,10 @@ def test_the_package_top_holds_only_init_entry_points_and_errors():
             [a.name for a in froms[0].names] == ["main"], name
         defs = [n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef, ast.Assign))]
         assert not defs, f"mpilearn/{name}.py holds code; move it beside what it drives"
+
+
+def test_the_package_says_the_version_pyproject_gives():
+    import mpilearn
+
+    with open(os.path.join(REPO, "pyproject.toml"), "rb") as f:
+        assert mpilearn.__version__ == tomllib.load(f)["project"]["version"]
