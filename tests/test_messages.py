@@ -6,6 +6,8 @@ from types import SimpleNamespace
 
 import pytest
 
+from conftest import ENV, REPO, TESTS, mpirun, train_args
+
 
 # --- export --precision bf16-fast names itself, its file and what it is ---
 
@@ -117,7 +119,6 @@ def exported(tmp_path_factory, showers_dir):
     """A small-preset 3DGAN trained one step (the run) and its export (generator.onnx)."""
     import glob
 
-    from conftest import REPO, mpirun, train_args
 
     folder = tmp_path_factory.mktemp("gan")
     first = sorted(glob.glob(f"{showers_dir}/*.h5"))[0]
@@ -134,7 +135,6 @@ def exported(tmp_path_factory, showers_dir):
 
 
 def test_generate_says_it_ran_the_onnx_file_in_onnx_runtime_with_its_threads(exported, tmp_path):
-    from conftest import mpirun
 
     run, onnx = exported
     common = ("--events", "3", "--batch-size", "2", "--energy", "150", "--no-progress")
@@ -191,7 +191,6 @@ def test_resume_line_says_where_training_goes_on():
 def test_resumed_runs_say_the_epoch_and_step_they_go_on_with(toy_file, tmp_path):
     """Stopped after step 6 of 4-step epochs (epoch 2, after its step 2), resumed; then resumed
     again, after the end of epoch 2, for a third epoch."""
-    from conftest import TESTS, mpirun, train_args
 
     out = tmp_path / "run"
 
@@ -226,7 +225,6 @@ def test_a_lost_rank_0_names_the_rank_that_took_its_duties_over(toy_file, tmp_pa
     import subprocess
     import sys
 
-    from conftest import ENV, REPO, TESTS, train_args
 
     out = tmp_path / "run"
     proc = subprocess.run(
