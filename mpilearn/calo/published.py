@@ -26,14 +26,18 @@ POINTS = {
 }
 
 
+def gans_text(name: str) -> str:
+    """The published GANs' values of one metric, e.g. "DeepTree 0.927, MDMA 0.987"."""
+    return ", ".join(f"{g} {v:.3g}" for g, v in POINTS[name][2])
+
+
 def reference_line(name: str) -> Optional[str]:
     """The published points of one metric in a line, or None for a metric they do not have."""
     if name not in POINTS:
         return None
-    geant4, (best, value), gans = POINTS[name]
-    gan_text = ", ".join(f"{g} {v:.3g}" for g, v in gans)
+    geant4, (best, value), _ = POINTS[name]
     return (f"{name}: Geant4 against itself {geant4:.3g}, the best entry {value:.3g} ({best}), "
-            f"the GANs {gan_text}")
+            f"the GANs {gans_text(name)}")
 
 
 def place(name: str, value) -> Optional[str]:

@@ -315,11 +315,11 @@ def verdicts(result: dict) -> list:
     for family, names in FAMILIES:
         shown = [name for name in names if result.get(name) is not None
                  and result.get(name + "_floor") is not None]
-        parts = [f"{name} " + (sigma_verdict(result, name) if name in SIGMA else
-                               verdict(result.get(name + "_ratio"), name, result[name],
-                                       result.get(name + "_floor")))
-                 + (f", {place(name, result[name])}" if place(name, result[name]) else "")
-                 for name in shown]
+        parts = [f"{name} " + ", ".join(filter(None, [
+                     sigma_verdict(result, name) if name in SIGMA else
+                     verdict(result.get(name + "_ratio"), name, result[name],
+                             result.get(name + "_floor")),
+                     place(name, result[name])])) for name in shown]
         if parts:
             lines.append(f"  {family}: " + "; ".join(parts))
         published += shown

@@ -45,10 +45,10 @@ from ..errors import UsageError
 from ..core.io import atomic_write_text, read_jsonl
 
 
-def trials(run_dir: str):
-    path = os.path.join(run_dir, "journal.jsonl")
-    state = Journal(path).replay()
-    lost = {e["key"]: e for e in lost_blocks(read_jsonl(path)) if e.get("key")}
+def trials(run_dir: str, lost=()):
+    """One row per trial; ``lost``: the sweep's :func:`lost_blocks`, whose trials ran again."""
+    state = Journal(os.path.join(run_dir, "journal.jsonl")).replay()
+    lost = {e["key"]: e for e in lost if e.get("key")}
     rows = []
     for key in state.order:
         start, end = state.started[key], state.finished.get(key) or {}
@@ -182,7 +182,9 @@ def main(argv=None) -> int:
         return 2
     out = os.path.join(args.run_dir, "report")
     os.makedirs(out, exist_ok=True)
-    rows = trials(args.run_dir)
+    events = read_jsonl(os.path.join(args.run_dir, "journal.jsonl"))
+    lost = lost_blocks(events)
+    rows = trials(args.run_dir, lost)
     space, directions = _space(args.run_dir)
     n_obj = max([len(r["values"]) for r in rows if r["status"] == "done" and r["values"]]
                 or [1])
@@ -192,7 +194,6 @@ def main(argv=None) -> int:
     names = sorted({k for r in rows for k in r["params"]})
     done = [r for r in rows if r["status"] == "done"]
     best = min(done, key=lambda r: signs[0] * r["value"]) if done and n_obj == 1 else None
-    events = read_jsonl(os.path.join(args.run_dir, "journal.jsonl"))
     costs = cost.sweep_summary(args.run_dir, rows, events, best, price)
     with open(os.path.join(out, "trials.csv"), "w", newline="") as f:
         w = csv.writer(f)
@@ -207,7 +208,6 @@ def main(argv=None) -> int:
                         r["reason"].splitlines()[0] if r["reason"] else "", r["requeued_after"]])
     front = pareto_front(rows, signs) if n_obj > 1 else []
     spans, util = utilisation(args.run_dir)
-    lost = lost_blocks(events)
     weights = importance(rows, space)
     summary = {"trials": len(rows), **Counter(r["status"] for r in rows),
                "directions": list(directions),

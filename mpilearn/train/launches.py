@@ -42,8 +42,8 @@ def process_age() -> float:
 class Launches(Callback):
     """Collective to build (every rank's age, device and clock, gathered by all); then
     whichever rank is rank 0 keeps ``launches.jsonl``: a process's launched seconds are its age
-    at the gather plus the time since, up to its end.
-    :meth:`on_membership` follows an elastic change on every rank of the new communicator."""
+    at the gather plus the time since, up to its end. :meth:`on_membership` follows an elastic
+    change on every rank of the new communicator (a loss without any message)."""
 
     name = "launches"
 
@@ -51,6 +51,7 @@ class Launches(Callback):
         """``output`` None: a spawned process's record, which :meth:`on_membership` fills."""
         self.kind = "gpu" if str(device).startswith("cuda") else "cpu"
         self.rank, self.path = comm.Get_rank(), None
+        self.earlier = None  # the earlier launches' lines, read by the rank that writes
         if output is None:
             return
         ages = comm.allgather((process_age(), self.kind, time.time()))
@@ -62,12 +63,11 @@ class Launches(Callback):
         self.ended = [None] * len(ages)
         self.spawned, self.ranks = [], len(ages)
         self.current = list(range(len(ages)))  # the process index of each current rank
-        self.earlier = self._earlier()
         self.write(None)
 
     def _earlier(self) -> list:
-        """The lines of the run's earlier launches (every rank reads them: after a loss of
-        rank 0 another rank writes the file)."""
+        """The lines of the run's earlier launches: read once, by the rank that writes (after
+        a loss of rank 0, the new one: the file then holds this launch's line too)."""
         if not os.path.exists(self.path):
             return []
         return [r for r in read_jsonl(self.path) if r.get("started") != round(self.since, 3)]
@@ -76,24 +76,24 @@ class Launches(Callback):
         """Collective over the new communicator after an elastic change (``core.membership``
         ``Change``): a lost process ends at its loss; a spawned one joins with its own age.
         The new rank 0's record goes to the spawned processes, which have none yet."""
-        if self.path is not None and not change.added:
+        if change.added:  # a growth: two small collectives (every rank agreed on the change)
+            newcomer = self.path is None
+            state = comm.bcast(self.state() if comm.Get_rank() == 0 else None, root=0)
+            if newcomer:
+                self.__dict__.update(state)
+            joined = comm.allgather((process_age() - (time.time() - self.since), self.kind)
+                                    if newcomer else None)
+            for age, kind in filter(None, joined):  # in rank order: the spawned come last
+                self.ages.append(age)
+                self.devices.append(kind)
+                self.ended.append(None)
+                self.spawned.append(len(self.ages) - 1)
+                self.current.append(len(self.ages) - 1)
+        else:  # a loss: every survivor holds the record already, nothing to exchange
             lost = {r for r, _ in change.lost}
             for r in lost:
                 self.ended[self.current[r]] = change.detected - self.since
             self.current = [p for r, p in enumerate(self.current) if r not in lost]
-        newcomer = self.path is None
-        state = comm.bcast(self.state() if comm.Get_rank() == 0 else None, root=0)
-        if newcomer:
-            self.__dict__.update(state)
-            self.earlier = self._earlier()
-        joined = comm.allgather((process_age() - (time.time() - self.since), self.kind)
-                                if newcomer else None)
-        for age, kind in filter(None, joined):  # in rank order: the spawned come last
-            self.ages.append(age)
-            self.devices.append(kind)
-            self.ended.append(None)
-            self.spawned.append(len(self.ages) - 1)
-            self.current.append(len(self.ages) - 1)
         self.rank = comm.Get_rank()
         self.write(None)
 
@@ -105,6 +105,8 @@ class Launches(Callback):
         """Rank 0: this launch's line as of now (``status``: its exit status, None: running)."""
         if self.rank != 0 or self.path is None:
             return
+        if self.earlier is None:
+            self.earlier = self._earlier()
         now = time.time() - self.since
         line = {"launch": len(self.earlier) + 1, "started": round(self.since, 3),
                 "ranks": self.ranks, "devices": self.devices,

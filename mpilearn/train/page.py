@@ -148,16 +148,15 @@ def physics_rows(physics: dict) -> List[list]:
 def published_rows(physics: dict) -> List[list]:
     """[metric, Geant4 against itself, best entry, GANs, this run's value and place] for the
     metrics of a report summary that the CaloChallenge published (``calo/published.py``)."""
-    from ..calo.published import POINTS, place
+    from ..calo.published import POINTS, gans_text, place
 
     rows = []
     for name, p in physics.items():
         if name in POINTS:
-            geant4, (best, value), gans = POINTS[name]
-            here = fmt(p.get("value")) + (f": {place(name, p.get('value'))}"
-                                          if place(name, p.get("value")) else "")
-            rows.append([name, f"{geant4:.3g}", f"{value:.3g} ({best})",
-                         ", ".join(f"{g} {v:.3g}" for g, v in gans), here])
+            geant4, (best, value), _ = POINTS[name]
+            placed = place(name, p.get("value"))
+            rows.append([name, f"{geant4:.3g}", f"{value:.3g} ({best})", gans_text(name),
+                         fmt(p.get("value")) + (f": {placed}" if placed else "")])
     return rows
 
 
