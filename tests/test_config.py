@@ -65,10 +65,8 @@ def test_search_elastic_is_checked_and_refuses_what_cannot_survive(monkeypatch):
     config = resolve(None, ["model=m", "search.elastic=true"], schema=hpo_schema())
     assert config["search"]["elastic"] is True
     check({**config, "search": {**config["search"], "elastic": False}})  # the default
-    with pytest.raises(UsageError, match="search.elastic: 2 folds in parallel"):
-        check(config)
-    config["search"]["fold_mode"] = "sequential"
-    check(config)
+    assert config["search"]["fold_mode"] == "parallel"
+    check(config)  # folds in parallel are elastic too (tests/test_sweep_ulfm.py)
     config["train"]["algorithm"] = "easgd"
     with pytest.raises(UsageError, match="train.algorithm=easgd is not elastic"):
         check(config)

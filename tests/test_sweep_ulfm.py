@@ -18,14 +18,17 @@ BUDGET = 3
 KILL_AT = 30  # steps of the victim's first fold before it dies (checkpoints every 10)
 
 
-def sweep(tmp_path, toy_file, *extra, env=None, wait=True, min_np=False):
+def sweep(tmp_path, toy_file, *extra, env=None, wait=True, min_np=False, parallel=False,
+          model="armed_slow.py", hparams=None):
     """The sweep on np=5 under ``mpirun --with-ft ulfm`` with ``search.elastic: true``, or
-    (``min_np``) under ``mpilearn-run --min-np 3``, which adds both."""
-    cfg = {"model": f"{TESTS}/models/armed_slow.py", "output": str(tmp_path / "sweep"),
-           "data": {"files": [toy_file]}, "hparams": {"sleep": 0.02},
+    (``min_np``) under ``mpilearn-run --min-np 3``, which adds both. Two blocks of two ranks:
+    both in each fold (sequential), or one in each (``parallel``)."""
+    cfg = {"model": f"{TESTS}/models/{model}", "output": str(tmp_path / "sweep"),
+           "data": {"files": [toy_file]}, "hparams": hparams or {"sleep": 0.02},
            "train": {"epochs": 1, "batch_size": 4, "checkpoint_every_steps": 10},
            "search": {"searcher": "random", "budget": BUDGET, "blocks": 2, "folds": 2,
-                      "fold_mode": "sequential", "ranks_per_fold": 2, "elastic": not min_np,
+                      "fold_mode": "parallel" if parallel else "sequential",
+                      "ranks_per_fold": 1 if parallel else 2, "elastic": not min_np,
                       "space": {"lr": {"type": "real", "low": 0.001, "high": 0.01}}}}
     path = tmp_path / "hpo.yaml"
     path.write_text(yaml.safe_dump(cfg))
@@ -88,6 +91,66 @@ def test_a_lost_block_rank_costs_one_trial_never_the_sweep(tmp_path, toy_file):
     assert rows[victim]["requeued_after"] == f"block 0 lost: {lost[0]['reason']}"
     assert rows[victim]["status"] == "done" and rows[other]["requeued_after"] == ""
     print(f"wall {time.monotonic() - start:.1f} s")
+
+
+def test_a_lost_fold_rank_in_parallel_folds_costs_its_trial_with_no_race(tmp_path, toy_file):
+    """Folds in parallel: rank 2 (block 0's fold 1) dies; its block-mate (rank 1, training
+    fold 0, whose steps from its 12th on take 0.5 s: it is mid-step at the loss) leaves
+    after its step, and only then is the trial requeued, each fold from its own checkpoint:
+    the old block never writes the folds the new one reads."""
+    start = time.monotonic()
+    steps = tmp_path / "steps"
+    steps.mkdir()
+    proc = sweep(tmp_path, toy_file, parallel=True,
+                 env={"MPILEARN_TEST_KILL": f"2:{KILL_AT}", "MPILEARN_TEST_STEP_LOG": str(steps),
+                      "MPILEARN_TEST_SLOW": "1:12:0.5"})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    events = read_jsonl(str(tmp_path / "sweep" / "journal.jsonl"))
+    done = [e["key"] for e in events if e["event"] == "done"]
+    assert len(done) == BUDGET and len(set(done)) == BUDGET  # exactly the budget, each once
+    [lost] = [e for e in events if e["event"] == "block_lost"]
+    assert lost["block"] == 0 and lost["reason"].startswith("rank 2 on host "), lost
+    [stopped] = [e for e in events if e["event"] == "interrupted"]
+    victim = stopped["key"]
+    # rank 1 left its fold well before its end (128 steps) once MPI told it of the loss (its
+    # progress runs at rank 1's MPI calls: here 1-5 of its slow steps), and the trial was
+    # requeued only after that: no step of block 0 after the requeue
+    mate = [float(t) for t in (steps / "rank1").read_text().split()]
+    died = max(float(t) for t in (steps / "rank2").read_text().split())
+    after = [t - died for t in mate if t > died]
+    assert len(mate) < 64 and after, (len(mate), after)
+    assert max(mate) < stopped["time"], (after, stopped["time"] - died)
+    again = [e for e in events if e["event"] == "started" and e["key"] == victim
+             and e.get("requeued")]
+    assert len(again) == 1 and again[0]["block"] == 1
+    assert events.index(stopped) < events.index(again[0])
+    # each fold from its own checkpoint: fold 1 from the victim's last (step 30), fold 0 from
+    # the last its block-mate wrote before leaving
+    resumed = {line.split("]")[0]: line for line in proc.stdout.splitlines()
+               if f"[trial {victim} fold" in line and "mpilearn: resumed from" in line}
+    assert f"ckpt-e0000-s{KILL_AT:07d}.pt" in resumed[f"[trial {victim} fold 1"], resumed
+    assert f"{victim}/fold0/checkpoints/ckpt-e0000-s" in resumed[f"[trial {victim} fold 0"]
+    print(f"wall {time.monotonic() - start:.1f} s")
+
+
+def test_an_elastic_keras_sweep_loses_a_rank_and_keeps_its_budget(tmp_path, toy_file):
+    """A Keras task (TensorFlow, its step one tf.function: the allreduce inside the graph turns
+    MPI's loss report into TensorFlow's own error) under search.elastic: block 0's rank 2
+    killed mid-trial costs that trial once, which runs again on block 1 from its checkpoint."""
+    proc = sweep(tmp_path, toy_file, model="elastic_keras.py", hparams={"dropout": 0.0, "count": 0},
+                 env={"MPILEARN_TEST_KILL": f"2:{KILL_AT}", "KERAS_BACKEND": "tensorflow",
+                      "TF_CPP_MIN_LOG_LEVEL": "3"})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    events = read_jsonl(str(tmp_path / "sweep" / "journal.jsonl"))
+    done = [e["key"] for e in events if e["event"] == "done"]
+    assert len(done) == BUDGET and len(set(done)) == BUDGET
+    [lost] = [e for e in events if e["event"] == "block_lost"]
+    assert lost["block"] == 0 and lost["reason"].startswith("rank 2 on host "), lost
+    [stopped] = [e for e in events if e["event"] == "interrupted"]
+    again = [e for e in events if e["event"] == "started" and e["key"] == stopped["key"]
+             and e.get("requeued")]
+    assert len(again) == 1 and again[0]["block"] == 1
+    assert f"[trial {stopped['key']} fold 0] mpilearn: resumed from" in proc.stdout
 
 
 def test_a_lost_coordinator_ends_the_sweep_75_and_resume_finishes_it(tmp_path, toy_file):

@@ -51,6 +51,7 @@ class Coordinator:
         self.elastic = elastic
         self.failed: set = set()       # world ranks known lost
         self.lost_blocks: set = set()  # blocks retired after a lost rank
+        self.lost_reasons: dict = {}   # block -> the first loss seen in it
         self.launch = launch or {}  # the job's ranks and their start-up seconds (the cost)
         self.search = config["search"]
         self.config_id = config_id  # config-history/NNNN.yaml: journalled with every trial
@@ -291,19 +292,24 @@ class Coordinator:
         hosts, width = self.elastic["hosts"], self.elastic["width"]
         for rank in newly_failed(self.comm, self.failed):
             block = (rank - 1) // width
+            ranks = range(1 + block * width, 1 + (block + 1) * width)
             self._lose_block(block, describe([rank], hosts), active,
-                             gone=1 + block * width in self.failed)
+                             gone=all(r in self.failed for r in ranks))
 
     def _lose_block(self, block: int, reason: str, active: set, gone: bool) -> None:
-        """A rank of ``block`` is lost: its trial runs again first elsewhere (``lose``), and
-        the block retires. Its leader, when alive, is answered no more trials (it may be
-        waiting for one); a block whose leader is ``gone`` is never heard from again."""
+        """A rank of ``block`` is lost: the block retires, and its trial runs again first
+        elsewhere (``lose``) once the block is ``gone``: its survivors said they stopped (a
+        ``retired`` message), or none is left. Until then its folds may still be writing
+        their checkpoints, which the trial's next block reads. The block's leader, when
+        alive, is answered no more trials (it may be waiting for one)."""
         first = block not in self.lost_blocks
         if first:
             self.lost_blocks.add(block)
+            self.lost_reasons[block] = reason
             self.journal.write("block_lost", block=block, reason=reason)
         key = self.running.get(block, {}).get("key")
-        self.lose(block, reason)
+        if gone:
+            self.lose(block, self.lost_reasons[block])
         if first:
             left = len(active - self.lost_blocks)
             print(f"mpilearn: block {block}: {reason}"

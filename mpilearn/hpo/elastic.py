@@ -3,16 +3,19 @@ block's trial, never the sweep.
 
 - **Detection.** Every communicator returns errors instead of aborting. The coordinator sees a
   lost rank as MPI's failure notice on its any-source probe of the world, acknowledges it and
-  reads which ranks failed (:func:`newly_failed`); a block rank sees it in its block's or
-  fold's next collective (every rank of a block is in each of its folds, :func:`check`, so
-  that is within a step).
+  reads which ranks failed (:func:`newly_failed`); a block rank sees it in its fold's next
+  collective, or (a rank of another fold, with folds in parallel) in :class:`BlockWatch`'s
+  any-source receive on the block, tested after every step: within a step either way.
 - **The block retires.** Its survivors revoke the block's communicators (every one of them
-  leaves what it was in), the leader tells the coordinator (``lost``, ``retired``), and they
-  wait for the sweep's end. Forming a smaller block would need a new block communicator agreed
-  by ranks that are in different places of the trial, and the layout's fold shapes; retiring
-  is the simple sound choice: the trial is requeued, and the sweep goes on with fewer blocks.
+  leaves what it was in), shrink the block to agree that all of them stopped, and the first
+  of them tells the coordinator (``lost``, ``retired``); they wait for the sweep's end.
+  Forming a smaller block would need the layout's fold shapes from ranks that are in
+  different places of the trial; retiring is the simple sound choice: the trial is requeued,
+  and the sweep goes on with fewer blocks.
 - **The trial runs again first**, on the next block that asks, from its folds' checkpoints
-  (``Coordinator.lose``; journalled ``block_lost`` and ``interrupted``).
+  (``Coordinator.lose``; journalled ``block_lost`` and ``interrupted``), once the block's
+  survivors said they stopped (or none is left): no fold of the old block writes its
+  checkpoints while the new one reads them.
 - **The end.** The survivors shrink the world (:func:`survivors`), then leave as a sweep
   does. If the coordinator (world rank 0) was lost, nobody holds the searcher's state in
   memory: the survivors exit 75 and ``--resume`` takes over from the journal, which requeues
@@ -29,7 +32,7 @@ from ..errors import BELOW_MIN_EXIT, UsageError
 COORDINATOR_LOST_EXIT = BELOW_MIN_EXIT  # 75: requeue me, resume from the journal
 
 
-def check(config: dict, task=None) -> None:
+def check(config: dict) -> None:
     """Bad input (UsageError) for what an elastic sweep cannot do (yet)."""
     from ..core import membership
     from ..train.elastic import ELASTIC_ALGORITHMS
@@ -40,20 +43,11 @@ def check(config: dict, task=None) -> None:
     if not membership.supported():
         raise UsageError("search.elastic: true needs an MPI with ULFM (Open MPI 5 under "
                          "'mpirun --with-ft ulfm'); this mpi4py's MPI has no Comm.Revoke/Shrink")
-    if s["fold_mode"] == "parallel" and s["folds"] > 1:
-        raise UsageError(
-            f"search.elastic: {s['folds']} folds in parallel put a block's ranks in different "
-            "folds, so a lost rank's block-mates would train their own fold on and race the "
-            "requeued trial for its checkpoints; set search.fold_mode: sequential (every rank "
-            "of a block in each fold) or search.folds: 1")
     if t["algorithm"] not in ELASTIC_ALGORITHMS:
         raise UsageError(f"search.elastic: train.algorithm={t['algorithm']} is not elastic (its "
                          "master would wait for a lost worker); use train.algorithm=allreduce or local_sgd")
     if t["backend"] != "mpi":
         raise UsageError(f"search.elastic needs train.backend=mpi (ULFM), not {t['backend']}")
-    if getattr(task, "framework", "") == "keras":
-        raise UsageError("search.elastic: Keras tasks are not elastic yet (a lost rank inside "
-                         "a Keras step is not reported as MPI's failure); use a PyTorch model")
 
 
 def returning_errors(*comms) -> None:
@@ -86,27 +80,60 @@ def describe(ranks, hosts) -> str:
     return ", ".join(f"rank {r} on host {hosts[r] if hosts else '?'}" for r in ranks) + " lost"
 
 
-def retire(world, block_comms, leader: bool, block: int, hosts, tag: int) -> None:
+class BlockWatch:
+    """An any-source receive posted on the block's communicator, that no rank ever sends:
+    MPI completes it with an error once a rank of the block is lost, or the block revoked.
+    :meth:`check`, after every step, raises that error, so that a fold's ranks leave a trial
+    that another fold of their block lost, within a step."""
+
+    TAG = 0x5EA  # never sent
+
+    def __init__(self, block_comm):
+        MPI = mcomm.mpi()
+        self._buf = bytearray(1)
+        self.request = block_comm.Irecv([self._buf, MPI.BYTE], source=MPI.ANY_SOURCE,
+                                        tag=self.TAG)
+
+    def check(self) -> None:
+        self.request.Test()  # MPI.Exception for a lost rank or a revoked block
+
+    def close(self) -> None:
+        try:
+            self.request.Cancel()
+            self.request.Wait()
+        except mcomm.mpi().Exception:  # already completed with the loss
+            pass
+
+
+def retire(world, block_comms, block: int, hosts, tag: int) -> None:
     """A block rank that saw a failure: revoke the block's communicators (the others leave
-    what they wait in), and the leader tells the coordinator (a ``tag`` message), unless the
-    coordinator is the one lost (then the end's shrink says so)."""
+    what they wait in), shrink the block (collective over its survivors: each one has left
+    its trial), and the first survivor tells the coordinator (a ``tag`` message) which ranks
+    were lost, unless the coordinator is the one lost (then the end's shrink says so)."""
     MPI = mcomm.mpi()
     for c in block_comms:
         try:
             c.Revoke()
         except MPI.Exception:  # revoked already by a block-mate
             pass
-    if not leader:
+    block_comm = block_comms[0]
+    try:
+        shrunk = block_comm.Shrink()
+    except MPI.Exception:  # (a shrink tolerates losses; nothing else is left to say)
         return
     try:
-        lost = failed_ranks(block_comms[0], within=world)
-        if 0 in failed_ranks(world):
+        if shrunk.Get_rank() != 0 or 0 in failed_ranks(world):
             return
+        gone = MPI.Group.Difference(block_comm.Get_group(), shrunk.Get_group())
+        lost = sorted(MPI.Group.Translate_ranks(gone, list(range(gone.Get_size())),
+                                                world.Get_group()))
         world.send({"block": block, "retired": True,
                     "lost": describe(lost, hosts) if lost else "a rank of the block lost"},
                    dest=0, tag=tag)
     except MPI.Exception:  # the coordinator went meanwhile: the end's shrink says so
         pass
+    finally:
+        shrunk.Free()
 
 
 def survivors(ctx, world) -> tuple:

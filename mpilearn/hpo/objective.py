@@ -149,17 +149,19 @@ def prefixed_output(prefix: str):
 
 def run_fold(config: dict, point: dict, fold: int, ctx, output: str, obj: dict,
              n_events: Optional[int], on_epoch=None, key: str = "", prior_wall: float = 0.0,
-             force: bool = False) -> dict:
+             force: bool = False, watch=None) -> dict:
     """:func:`_run_fold` with every line it prints prefixed by ``[trial KEY fold K]``."""
     with prefixed_output(f"[trial {key} fold {fold}] "):
         return _run_fold(config, point, fold, ctx, output, obj, n_events, on_epoch,
-                         prior_wall, force)
+                         prior_wall, force, watch)
 
 
 def _run_fold(config: dict, point: dict, fold: int, ctx, output: str, obj: dict,
               n_events: Optional[int], on_epoch=None, prior_wall: float = 0.0,
-              force: bool = False) -> dict:
-    """Collective over ``ctx.comm``: trains one fold; never raises for a failed trial.
+              force: bool = False, watch=None) -> dict:
+    """Collective over ``ctx.comm``: trains one fold; never raises for a failed trial, only
+    for a lost rank (MPI's report, or ``watch``'s: called after every step, it raises when a
+    rank of the block outside this fold was lost).
 
     A fold that a stop signal interrupted returns status ``interrupted``; run again, it
     continues from its own checkpoint, and its ``wall`` (and a ``wall_time`` objective)
@@ -189,6 +191,7 @@ def _run_fold(config: dict, point: dict, fold: int, ctx, output: str, obj: dict,
                               deadline=deadline, resume="auto", force=force,
                               announce_fresh=False)
             trainer.announce_stop = False  # the sweep says it once, for every fold
+            trainer.step_watch = watch
             if on_epoch is not None:
                 from ..train.callbacks import Report
 
@@ -204,9 +207,11 @@ def _run_fold(config: dict, point: dict, fold: int, ctx, output: str, obj: dict,
     except preempt.Preempted:
         return {"status": "interrupted", "wall": time.time() - start}
     except Exception as err:  # a failed trial is recorded, the sweep goes on
-        from ..core.membership import is_failure
+        from ..core.membership import lost
 
-        if is_failure(err):  # a rank lost, not the trial's fault: the block handles it
+        # a rank lost, not the trial's fault: the block handles it (a Keras step's allreduce
+        # reports it as TensorFlow's own error, over a communicator that knows of the loss)
+        if lost(err, ctx.comm):
             raise
         reason = f"{type(err).__name__}: {err}"
         if not isinstance(err, (UsageError, TrainingStopped)):  # ours need no traceback

@@ -34,7 +34,7 @@ from ..errors import SweepFailed, UsageError, exit_status
 from . import layout
 from . import elastic
 from .coordinator import TAG_BLOCK, TAG_PROGRESS, TAG_TRIAL, TAG_VERDICT, Coordinator
-from ..core.membership import is_failure
+from ..core.membership import lost
 from .pruners import make_pruner
 
 
@@ -96,7 +96,7 @@ def check_search(config: dict, build: bool = True) -> dict:
     check_points(s["enqueue"], space)
     from . import elastic
 
-    elastic.check(config, task)
+    elastic.check(config)
     return {"objective": obj, "task": task, "searcher": searcher, "pruner": pruner}
 
 
@@ -225,18 +225,24 @@ def run_block(config: dict, role, world, info: dict) -> str:
     # device binding follows the node-local rank among all workers, not within a fold
     ctx = mcomm.Context(comm=fold_comm, local_comm=local)
     mcomm.gpus_are_per_task(ctx)  # the one collective on the node, while every block is here
+    watch = elastic.BlockWatch(block_comm) if s["elastic"] else None
     try:
-        serve_trials(config, role, world, info, obj, block_comm, fold_comm, ctx, my_folds)
+        serve_trials(config, role, world, info, obj, block_comm, fold_comm, ctx, my_folds,
+                     watch)
     except Exception as err:  # noqa: BLE001 - only MPI's report of a lost rank is handled
-        if not (s["elastic"] and is_failure(err)):
+        if not (s["elastic"] and (lost(err, fold_comm) or lost(err, block_comm))):
             raise
         # a rank lost (the coordinator, or one of this block's): the block retires
-        elastic.retire(world, [block_comm, fold_comm], role.block_rank == 0, role.block,
-                       info.get("hosts"), TAG_BLOCK)
+        elastic.retire(world, [block_comm, fold_comm], role.block, info.get("hosts"),
+                       TAG_BLOCK)
+    finally:
+        if watch is not None:
+            watch.close()
     return "gpu" if str(ctx.device).startswith("cuda") else "cpu"
 
 
-def serve_trials(config, role, world, info, obj, block_comm, fold_comm, ctx, my_folds) -> None:
+def serve_trials(config, role, world, info, obj, block_comm, fold_comm, ctx, my_folds,
+                 watch=None) -> None:
     """The block's loop: its leader asks the coordinator for a trial, the block trains it
     (each fold of it on its fold's ranks), the leader sends the result with the next ask."""
     from . import objective
@@ -260,7 +266,8 @@ def serve_trials(config, role, world, info, obj, block_comm, fold_comm, ctx, my_
             r = objective.run_fold(config, trial["params"], fold, ctx, out, obj,
                                    info["n_events"], on_epoch, key=trial["key"],
                                    prior_wall=trial.get("prior_wall", {}).get(fold, 0.0),
-                                   force=info["force"])
+                                   force=info["force"],
+                                   watch=watch.check if watch is not None else None)
             # the fold's cost: its ranks x wall (device_hours in the journal)
             folds.append({"fold": fold, **r, "ranks": fold_comm.Get_size(),
                           "device": "gpu" if str(ctx.device).startswith("cuda") else "cpu"})

@@ -71,6 +71,7 @@ class Trainer:
         self.config, self.ctx, self.resume = config, ctx, resume
         self.deadline, self.history = deadline, []
         self.announce_stop = True  # an HPO fold leaves the stop line to the sweep
+        self.step_watch = None  # called on each rank after every step; raises to leave (hpo)
         writer = ctx.rank == 0 and joining is None  # a newcomer never writes
         self.progress = progress and writer
         self.spawn_command = None
@@ -670,6 +671,8 @@ class Trainer:
     def _check_stop(self, upcoming=None, signals: bool = True) -> None:
         """Collective, after every step (``stops.agree``): a signal, a failed read of the
         ``upcoming`` batch, or the deadline, on any rank, stops every rank here."""
+        if self.step_watch is not None:
+            self.step_watch()
         stop = stops.agree(self.ctx.comm, upcoming, self._past_deadline(), signals)
         if isinstance(stop, preempt.Preempted):
             self._account(self._epoch_start)

@@ -12,6 +12,8 @@ an elastic run);
 not exist yet (it creates it: a relaunch starts whole);
 ``MPILEARN_TEST_KILL_IN_RECOVERY=R``: world rank R kills itself in the survivors' recovery of a
 loss, as its task is rebound to the shrunk communicator (before the agreement on the step);
+``MPILEARN_TEST_STEP_LOG=DIR``: each rank appends the time of each of its steps to DIR/rankR;
+``MPILEARN_TEST_SLOW=R:S:SECONDS``: world rank R's steps from its step S on take SECONDS more.
 ``MPILEARN_TEST_GROW=S:FILE:TEXT``: after step S, world rank 0 writes TEXT (a discovery
 script's answer) to FILE, if it holds anything else, and waits for the stop signal that
 mpilearn-run sends when it sees the new hosts: the growth lands on step S. Environment, not
@@ -68,11 +70,19 @@ def arm(task):
 
         task.rebind = rebind
 
+    step_log = os.environ.get("MPILEARN_TEST_STEP_LOG")  # a folder: each rank's step times
+    slow_rank, slow_from, slow_s = (os.environ.get("MPILEARN_TEST_SLOW") or "-1:0:0").split(":")
+
     def train_step(batch):
         if kill and steps[0] == kill[1] and victim():
             os.kill(os.getpid(), signal.SIGKILL)
         losses = plain_step(batch)
         steps[0] += 1
+        if world_rank == int(slow_rank) and steps[0] >= int(slow_from):
+            time.sleep(float(slow_s))
+        if step_log:
+            with open(os.path.join(step_log, f"rank{world_rank}"), "a") as f:
+                f.write(f"{time.time()}\n")
         if stop and steps[0] == stop[0]:
             os.kill(os.getpid(), signal.SIGTERM)
         if len(grow) == 3 and steps[0] == int(grow[0]) \
