@@ -194,6 +194,7 @@ class Scaling:
             useful = useful_ranks(crit, per_rank)
             pm = f" ± {err:.2g}" if err is not None else ""
             verdict = (f"ranks beyond {useful} cost events, not time" if ranks > useful else
+                       "a second rank would cost events, not time" if useful == 1 else
                        f"up to about {useful} ranks save time")
             eff = est.get("efficiency")
             eff = f", data efficiency {eff:.0%} at global batch {est['global_batch']}" \
