@@ -3,6 +3,7 @@ loop and under model.fit(), on the TensorFlow and the torch backends; through th
 the same, plus kill -9 and resume, and abort on a crash."""
 import json
 import os
+import sys
 
 import numpy as np
 import pytest
@@ -240,3 +241,41 @@ def test_keras_seeding_on_torch_equals_keras_own_and_leaves_tensorflow_unimporte
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
                           env={**os.environ, "KERAS_BACKEND": "torch", "TF_CPP_MIN_LOG_LEVEL": "2"})
     assert proc.returncode == 0, proc.stderr
+
+
+SNAPSHOT_CHECK = """
+import keras, torch
+from mpilearn.train.elastic import _copy_into
+from mpilearn.train.keras_tasks import KerasSupervisedTask
+
+model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(32), keras.layers.Dense(1)])
+opt = keras.optimizers.Adam(1e-3)
+opt.build(model.trainable_variables)
+task = KerasSupervisedTask(model, "mse", opt)
+first, second = task.state_dict(), task.state_dict()
+# no copy: two reads with no write between are the same memory, as torch's state_dict is
+def kernel(state):
+    return next(iter(state["models"].values()))[0]
+
+
+same = [a.data_ptr() == b.data_ptr() for part in ("models", "optimizers")
+        for name in first[part] for a, b in zip(first[part][name], second[part][name])]
+saved = _copy_into(None, task.state_dict())  # the snapshot: the one copy
+before = kernel(saved).clone()
+model.trainable_variables[0].assign(model.trainable_variables[0] + 1.0)
+print(len(same) > 4 and all(same), torch.equal(kernel(saved), before),
+      torch.equal(kernel(task.state_dict()), before + 1.0))
+"""
+
+
+@pytest.mark.parametrize("backend", ["tensorflow", "torch"])
+def test_a_keras_snapshot_copies_the_weights_once(backend):
+    """The state a Keras task gives the elastic snapshot shares the variables' memory (the
+    snapshot's own copy is then the only one), and the snapshot does not follow later steps."""
+    import subprocess
+
+    proc = subprocess.run([sys.executable, "-c", SNAPSHOT_CHECK], capture_output=True,
+                          text=True, cwd=REPO, timeout=120,
+                          env={**os.environ, "KERAS_BACKEND": backend, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["True", "True", "True"], proc.stdout
