@@ -6,7 +6,7 @@ has no CUDA execution provider).
 
     python bench/generate.py [--quick] [--device cpu|cuda] [--batches 1 100 10000] [--threads 2]
         [--checkpoint RUN] [--min-seconds 5] [--rows torch:bf16-fast ...] [--ceiling fp32=200,...]
-        [--out bench/results/generate]
+        [--out bench/results/generate] [--max-isa avx2] [--append]
 
 Also the "-fast" rows (CPU): the generator rewritten for CPU inference (mpilearn.calo.fastpath:
 the same function in fp32-fast, 0.21 instead of 3.63 GFLOP in its first layer; bf16-fast; int8-fast
@@ -20,14 +20,36 @@ beforehand. Without --checkpoint the weights are random (speed does not depend o
 Targets (issue 30): >= 20 showers/s on this 2-core CPU at the best batch; >= 2 000 showers/s
 on one H100 in bf16. A batch whose activations would not fit in --max-gb runs as chunks (the
 row says so): 10 000 showers of 9 MB of live fp32 activations each are 90 GB.
+
+Every row names the CPU and the kernels its library chose (the ``kernels`` column). ``--max-isa
+avx2`` caps torch's (ATen's and oneDNN's) kernels at AVX2, as on an AVX2-only CPU, and
+``--append`` adds the rows to the table at --out, so that both sit side by side:
+
+    python bench/generate.py --batches 1 --min-seconds 2 --rows torch:int8-fast torch:fp32-fast \
+        torch:bf16-fast onnxruntime:fp32 --out bench/results/generate_isa
+    python bench/generate.py --batches 1 --min-seconds 2 --rows torch:int8-fast torch:fp32-fast \
+        torch:bf16-fast --max-isa avx2 --append --out bench/results/generate_isa
 """
 import argparse
+import json
 import os
 import sys
 import tempfile
 import time
 
-import torch
+
+def _cap_isa() -> str:
+    """``--max-isa ISA``: torch reads its kernel caps once, as it loads, so they are set
+    before the import (ONNX Runtime has its own dispatch, not capped)."""
+    if "--max-isa" not in sys.argv[:-1]:
+        return ""
+    isa = sys.argv[sys.argv.index("--max-isa") + 1]
+    os.environ["ONEDNN_MAX_CPU_ISA"], os.environ["ATEN_CPU_CAPABILITY"] = isa.upper(), isa.lower()
+    return isa
+
+
+CAPPED = _cap_isa()
+import torch  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import write  # noqa: E402
@@ -115,14 +137,19 @@ def torch_runner(model, device, precision):
 
 
 def instruction_set() -> str:
-    """The CPU's vector extensions that decide the int8/bf16 kernels (from /proc/cpuinfo)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
-    except OSError:
-        return "unknown"
-    wanted = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8")
-    return " ".join(flag for flag in wanted if flag in flags) or "none of " + " ".join(wanted)
+    """The CPU and its vector extensions that decide the int8/bf16 kernels."""
+    from mpilearn.core import cpu
+
+    return cpu.describe()
+
+
+def kernels(runtime: str) -> str:
+    """The kernels a row ran: torch's chosen capability (capped by --max-isa), or ONNX
+    Runtime's own dispatch (the CPU's best)."""
+    if runtime != "torch":
+        return "the CPU's (ONNX Runtime's own dispatch)"
+    got = torch.backends.cpu.get_cpu_capability()
+    return f"{got} (capped: --max-isa {CAPPED})" if CAPPED else got
 
 
 def onnx_cuda_missing(device) -> str:
@@ -200,6 +227,10 @@ def main():
                    f"each row's fraction and floor (default {CEILINGS}: this 2-core AVX-512 "
                    "VNNI/BF16 CPU; int8 about 4x fp32 with VNNI)")
     ap.add_argument("--out", default=os.path.join(REPO, "bench", "results", "generate"))
+    ap.add_argument("--max-isa", default=None, metavar="ISA",
+                    help="cap torch's kernels (e.g. avx2: an AVX2-only CPU); see the docstring")
+    ap.add_argument("--append", action="store_true",
+                    help="add the rows to the table at --out instead of replacing it")
     a = ap.parse_args()
     if a.quick:
         a.batches, a.min_seconds = [1, 16], 1.0
@@ -241,7 +272,7 @@ def main():
             model.to(a.device)
         for batch in a.batches:
             row = {"device": a.device, "runtime": runtime, "precision": precision, "batch": batch,
-                   "threads": a.threads}
+                   "threads": a.threads, "cpu": instruction_set(), "kernels": kernels(runtime)}
             per_shower = ACTIVATION_BYTES / (2 if precision == "bf16" and runtime == "torch" else 1)
             row["chunk"] = min(batch, max(1, int(a.max_gb * 1e9 / per_shower)))
             row["showers_per_s"], row["seconds"], cpu = _rate(fn, inputs_for, batch, row["chunk"],
@@ -258,13 +289,20 @@ def main():
                 row["floor_ms"] = 1000 * row["gflop_per_shower"] / ceiling
             rows.append(row)
             print(row, flush=True)
-    rows.append(simulate_row(a.batches[-1], a.min_seconds))
-    print(rows[-1], flush=True)
+    if not a.append:
+        rows.append(simulate_row(a.batches[-1], a.min_seconds))
+        print(rows[-1], flush=True)
+    else:  # the earlier rows first, then these
+        with open(a.out + ".json") as f:
+            rows = json.load(f)["rows"] + rows
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     data = {"rows": rows, "weights": source, "targets": TARGETS, "load_average": load,
             "gflop_per_shower": {k: v / 1e9 for k, v in flops.items()}, "ceilings_gflops": a.ceiling,
             "instruction_set": instruction_set(), "torch_threads": torch.get_num_threads(),
             "command": " ".join(["python", "bench/generate.py", *sys.argv[1:]])}
+    if a.append:
+        with open(a.out + ".json") as f:
+            data["command"] = f"{json.load(f)['command']}`, then `{data['command']}"
     write(a.out, data, markdown(data))
 
 
@@ -281,23 +319,24 @@ def markdown(data):
           f"{data['load_average']:.1f} when it ended (a shared machine: other jobs ran beside "
           "it, so these are lower bounds; the last column, showers per CPU-second of this process "
           "times its threads, estimates the rate on an idle machine).", "",
-          "| device | runtime | precision | batch | showers/s | ms/shower | showers per CPU-second x threads "
+          "| device | runtime | precision | kernels | batch | showers/s | ms/shower | showers per CPU-second x threads "
           "| GFLOP per shower | fraction of the ceiling (per CPU-second) | floor ms |",
-          "|---|---|---|---|---|---|---|---|---|---|"]
+          "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if "skipped" in r:
-            md.append(f"| {r['device']} | {r['runtime']} | {r['precision']} | | {r['skipped']} | | | | | |")
+            md.append(f"| {r['device']} | {r['runtime']} | {r['precision']} | | | {r['skipped']} | | | | | |")
             continue
         chunks = f" (in calls of {r['chunk']})" if r["chunk"] < r["batch"] else ""
         ceiling = (f"{r['fraction_of_ceiling']:.0%} | {r['floor_ms']:.1f}" if "floor_ms" in r
                    else " | ")
-        md.append(f"| {r['device']} | {r['runtime']} | {r['precision']} | {r['batch']}{chunks} | "
+        md.append(f"| {r['device']} | {r['runtime']} | {r['precision']} | {r.get('kernels', '')} | "
+                  f"{r['batch']}{chunks} | "
                   f"{r['showers_per_s']:.1f} | {1000 / r['showers_per_s']:.1f} | "
                   f"{r['cpu_bound_showers_per_s']:.1f} | "
                   f"{format(r['gflop_per_shower'], '.2f') if 'gflop_per_shower' in r else ''} | "
                   f"{ceiling} |")
     if device == "cpu":
-        md.append("| cuda (one H100) | torch | bf16 | 10000 | not run (no GPU in this session) | | | | | |")
+        md.append("| cuda (one H100) | torch | bf16 | | 10000 | not run (no GPU in this session) | | | | | |")
     md += ["", "mpilearn.simulate is a parametric stand-in (GFlash-style profiles drawn with numpy), "
            "not Geant4: the generator's rate beside it is not its speed-up over a full Monte Carlo.",
            ""] if any(r["runtime"].startswith("mpilearn.simulate") for r in rows) else []
