@@ -2,6 +2,12 @@
 
     python bench/hpo_virtual.py --searcher forest --workers 1024 --seeds 0 1 2
     python bench/hpo_virtual.py --searcher forest --workers 4096 --seeds 0 --out bench/results/hpo_virtual_forest_4096
+    python bench/hpo_virtual.py --searcher deephyper-cbo --workers 1024 --seeds 0 1 2 3 4
+
+``deephyper-cbo`` is DeepHyper's centralised BO (bench/hpo_scale.py's ``DeepHyperCBO``: its own
+ask/tell, a batch by its qUCBd), given the same batches and the same never-late model: the
+peer's search quality beside ours at equal evaluations (``pip install -r
+bench/requirements-peers.txt``).
 
 What ``bench/hpo_scale.py`` measures in real time (utilisation, latency) needs the real
 coordinator; the search's quality at a size does not. Here W workers each run trials of a
@@ -23,6 +29,7 @@ import numpy as np
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from mpilearn.hpo import benchmarks  # noqa: E402
 from mpilearn.hpo.searchers import make_searcher  # noqa: E402
 from mpilearn.hpo.simulate import PROBLEMS  # noqa: E402
@@ -33,7 +40,15 @@ def sweep(searcher, workers, evals, seed, problem="hartmann6", **options):
     """(regret after all evaluations, seconds, origins)."""
     func, minimum, noise = PROBLEMS[problem]
     space = Space.from_config(benchmarks.space(problem))
-    s = make_searcher(searcher, space, seed, **options)
+    if searcher == "deephyper-cbo":
+        import tempfile
+
+        from hpo_scale import DeepHyperCBO
+
+        s = DeepHyperCBO(space, seed, options.get("n_initial", workers),
+                         tempfile.mkdtemp(prefix="deephyper-"))
+    else:
+        s = make_searcher(searcher, space, seed, **options)
     if hasattr(s, "background"):
         s.background = False  # every ask from a model of every result told: no lag
     ahead = min(workers, 256)
@@ -47,6 +62,8 @@ def sweep(searcher, workers, evals, seed, problem="hartmann6", **options):
             tells = []
             ready = [g for g in s.ask_many(ahead, list(busy.values()), known)
                      if trial_key(g[0]) not in known]
+        while ready and trial_key(ready[0][0]) in known:  # a point twice in one batch
+            ready.pop(0)
         point, origin = ready.pop(0) if ready else (space.sample(rng), "fallback")
         known.add(trial_key(point))
         busy[trial_key(point)] = point
@@ -72,7 +89,6 @@ def sweep(searcher, workers, evals, seed, problem="hartmann6", **options):
 
 
 def main():
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from common import write
 
     ap = argparse.ArgumentParser(description=__doc__,
