@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import ENV, REPO, TESTS, mpirun, mpirun_cmd, shared, train_args
+from conftest import (ENV, PMIX_START_FAILURE, REPO, TESTS, mpirun, mpirun_cmd, shared,
+                      train_args)
 from mpilearn.data.hdf5 import epoch_order, split_events
 from mpilearn.data.position import remaining_batches, steps_left
 from mpilearn.errors import UsageError
@@ -43,20 +44,24 @@ def trained(folder):
 def stopped(toy_file, tmp_path_factory):
     """An np=2 run stopped by SIGTERM to both ranks after 8 steps (shared by the resumes)."""
     def make(folder):
-        events = folder / "events"
-        events.mkdir()
-        job = subprocess.Popen(mpirun_cmd(2, args(toy_file, str(folder / "run"))), cwd=REPO,
-                               env={**ENV, "MPILEARN_TEST_EVENTS": str(events)},
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and job.poll() is None:
-            if sum(trained(events).values()) >= 8 * 2 * BATCH:
+        for attempt in range(2):  # a launcher that failed to start (conftest.mpirun retries it)
+            events = folder / "events"
+            shutil.rmtree(events, ignore_errors=True)
+            events.mkdir()
+            job = subprocess.Popen(mpirun_cmd(2, args(toy_file, str(folder / "run"))), cwd=REPO,
+                                   env={**ENV, "MPILEARN_TEST_EVENTS": str(events)},
+                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline and job.poll() is None:
+                if sum(trained(events).values()) >= 8 * 2 * BATCH:
+                    break
+                time.sleep(0.05)
+            ranks = subprocess.run(["pgrep", "-P", str(job.pid)], capture_output=True, text=True)
+            for pid in map(int, ranks.stdout.split()):
+                os.kill(pid, signal.SIGTERM)
+            output, _ = job.communicate(timeout=120)
+            if PMIX_START_FAILURE not in output:
                 break
-            time.sleep(0.05)
-        ranks = subprocess.run(["pgrep", "-P", str(job.pid)], capture_output=True, text=True)
-        for pid in map(int, ranks.stdout.split()):
-            os.kill(pid, signal.SIGTERM)
-        output, _ = job.communicate(timeout=120)
         assert job.returncode == 75, output
 
     return shared(tmp_path_factory, "resize-stopped-np2", make)
