@@ -5,7 +5,8 @@ block's trial, never the sweep.
   lost rank as MPI's failure notice on its any-source probe of the world, acknowledges it and
   reads which ranks failed (:func:`newly_failed`); a block rank sees it in its fold's next
   collective, or (a rank of another fold, with folds in parallel) in :class:`BlockWatch`'s
-  any-source receive on the block, tested after every step: within a step either way.
+  any-source receive on the block, tested after every step: at the end of the step in which
+  MPI tells it (its notice arrives at the rank's own MPI calls: 0.1-5 s here).
 - **The block retires.** Its survivors revoke the block's communicators (every one of them
   leaves what it was in), shrink the block to agree that all of them stopped, and the first
   of them tells the coordinator (``lost``, ``retired``); they wait for the sweep's end.
@@ -84,7 +85,7 @@ class BlockWatch:
     """An any-source receive posted on the block's communicator, that no rank ever sends:
     MPI completes it with an error once a rank of the block is lost, or the block revoked.
     :meth:`check`, after every step, raises that error, so that a fold's ranks leave a trial
-    that another fold of their block lost, within a step."""
+    that another fold of their block lost at the end of the step in which MPI tells them."""
 
     TAG = 0x5EA  # never sent
 
