@@ -232,6 +232,12 @@ def main():
     ap.add_argument("--append", action="store_true",
                     help="add the rows to the table at --out instead of replacing it")
     a = ap.parse_args()
+    earlier = None  # --append: the table's rows and command, read before any work
+    if a.append:
+        if not os.path.exists(a.out + ".json"):
+            ap.error(f"--append: {a.out}.json not found (run once without --append first)")
+        with open(a.out + ".json") as f:
+            earlier = json.load(f)
     if a.quick:
         a.batches, a.min_seconds = [1, 16], 1.0
     from mpilearn.calo.export import example_inputs
@@ -289,20 +295,18 @@ def main():
                 row["floor_ms"] = 1000 * row["gflop_per_shower"] / ceiling
             rows.append(row)
             print(row, flush=True)
-    if not a.append:
+    if earlier is None:
         rows.append(simulate_row(a.batches[-1], a.min_seconds))
         print(rows[-1], flush=True)
     else:  # the earlier rows first, then these
-        with open(a.out + ".json") as f:
-            rows = json.load(f)["rows"] + rows
+        rows = earlier["rows"] + rows
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     data = {"rows": rows, "weights": source, "targets": TARGETS, "load_average": load,
             "gflop_per_shower": {k: v / 1e9 for k, v in flops.items()}, "ceilings_gflops": a.ceiling,
             "instruction_set": instruction_set(), "torch_threads": torch.get_num_threads(),
             "command": " ".join(["python", "bench/generate.py", *sys.argv[1:]])}
-    if a.append:
-        with open(a.out + ".json") as f:
-            data["command"] = f"{json.load(f)['command']}`, then `{data['command']}"
+    if earlier is not None:
+        data["command"] = f"{earlier['command']}`, then `{data['command']}"
     write(a.out, data, markdown(data))
 
 

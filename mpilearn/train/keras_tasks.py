@@ -23,22 +23,19 @@ def _arrays(variables) -> list:
     without a copy, as torch's own ``state_dict`` gives them: the elastic snapshot copies
     them once (it copied twice: 36 ms against 7 ms for a 96 MiB state here). On torch the
     variable's own tensor; on TensorFlow its read value, shared through DLPack."""
-    import torch
-
     if keras.backend.backend() == "torch":
         return [v.value.detach() for v in variables]
-    return [_shared(v) for v in variables]
-
-
-def _shared(variable):
     import tensorflow as tf
     import torch
 
-    value = tf.convert_to_tensor(variable.value)
-    try:
-        return torch.from_dlpack(tf.experimental.dlpack.to_dlpack(value))
-    except Exception:  # noqa: BLE001 - a dtype DLPack does not carry: one copy
-        return torch.from_numpy(np.asarray(value.numpy()))
+    out = []
+    for v in variables:
+        value = tf.convert_to_tensor(v.value)
+        try:
+            out.append(torch.from_dlpack(tf.experimental.dlpack.to_dlpack(value)))
+        except Exception:  # noqa: BLE001 - a dtype DLPack does not carry: one copy
+            out.append(torch.from_numpy(np.asarray(value.numpy())))
+    return out
 
 
 def _assign(variables, values) -> None:
