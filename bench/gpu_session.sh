@@ -2,7 +2,7 @@
 # One GPU session, as run on the lent H100 (no registry there): install the carried wheels,
 # record the software, then run what was asked for.
 #   bash bench/gpu_session.sh OUT STAGES...
-# stages: env bench quick explore tests suite convergence challenge, and issue 31's: gpu small
+# stages: env bench quick explore tests suite convergence challenge, issue 54's noise_cost scale_rules, and issue 31's: gpu small
 #         shared generate eager compiled (each capped by `timeout`, so that one device call stays < 10 min)
 # Issue 31's whole GPU run is three device calls of at most ~9.5 minutes each (the device
 # README's limits: 10 minutes a command, 30 minutes a session, 8 files back, so each call
@@ -25,6 +25,7 @@ if [ -d .whl ]; then
     --target /tmp/site .whl/*.whl >/tmp/pip.log 2>&1 || { cat /tmp/pip.log; exit 1; }
   export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH
 fi
+export PYTHONPATH=${PYTHONPATH:-$PWD}  # bench scripts import mpilearn from this checkout
 # one-GPU machine: multi-rank tests share the GPU through the mpi backend's host staging
 export MPILEARN_ALLOW_SHARED_GPUS=1
 # needs TensorFlow (not in the GPU image), a registry, SLURM, MPICH or Horovod: not run here
@@ -92,6 +93,24 @@ for stage in "$@"; do
         timeout ${CHALLENGE_S:-120} python3 -m mpilearn.validate --generated "/tmp/$s/*.h5" --mc "/tmp/mcA/*.h5" --events 2000 --full \
           --no-plots --output "$OUT/challenge_$s" --json "$OUT/challenge_$s.json" >"$OUT/challenge_$s.log" 2>&1; echo "$s rc=$?"; tail -4 "$OUT/challenge_$s.log"
       done ;;
+    noise_cost)  # issue 54: the noise scale's cost per 3DGAN step on the GPU (target <= 1 %), full preset bf16-free fp32
+      timeout 100 python3 bench/noise_scale_cost.py --device cuda --preset full --batch 32 --steps 6 --rounds 5 \
+        "$OUT/noise_cost_full_np1" >"$OUT/noise_cost.log" 2>&1
+      timeout 60 mpirun -np 2 --oversubscribe python3 bench/noise_scale_cost.py --device cuda --preset smooth --batch 16 \
+        --steps 8 --rounds 8 "$OUT/noise_cost_smooth_np2" >>"$OUT/noise_cost.log" 2>&1
+      grep -E "^\| [0-9]|preset" "$OUT/noise_cost.log" "$OUT"/noise_cost_*.md ;;
+    scale_rules)  # issue 54: the smooth preset's rule comparison (bench/scale_rules.py) on the GPU, runs side by side
+      # (SR_JOBS at once; its seconds column is then no timing); run dirs resume when carried back
+      SR=${SR_OUT:-/tmp/scale_rules_gpu}
+      python3 bench/scale_rules.py --device cuda --prior none --only none --out "$SR" >/dev/null 2>&1  # the data, once
+      runs=${SR_RUNS:-$(python3 -c "import sys; sys.path.insert(0, 'bench'); import scale_rules; print(' '.join(s[0] for s in scale_rules.plan()))")}
+      end=$(( $(date +%s) + ${SR_S:-380} ))  # one deadline for all: a run still going then is cut (timeout kills its group)
+      printf '%s\n' $runs | xargs -P ${SR_JOBS:-10} -I{} sh -c "left=\$(( $end - \$(date +%s) )); [ \$left -gt 20 ] || exit 0;
+        timeout \$left python3 bench/scale_rules.py --device cuda --prior none --threads 1 --only {} --out '$SR' >'$SR/{}.log' 2>&1; echo '{}' exit \$? at \$(date +%T)"
+      python3 bench/scale_rules.py --device cuda --prior none --only none --out "$SR" --concurrent ${SR_JOBS:-10} \
+        --where "one $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)" >/dev/null 2>&1
+      tail -30 "$SR.md"; cp "$SR".json "$SR".md "$SR"_*.png "$OUT"/ 2>/dev/null
+      tar czf "$OUT/scale_rules_runs.tgz" -C "$(dirname "$SR")" --exclude=data --exclude=models --exclude=validation --exclude=checkpoints "$(basename "$SR")" ;;
     tests)  timeout ${TESTS_S:-300} python3 -m pytest -v -rs -p no:cacheprovider -n 8 --durations=15 tests/test_gpu.py >"$OUT/tests_gpu.log" 2>&1; tail -30 "$OUT/tests_gpu.log" ;;
     suite)  timeout ${SUITE_S:-420} python3 -m pytest -v -rs -p no:cacheprovider -n 14 $IGNORE -k "$SKIP" tests >"$OUT/suite.log" 2>&1; tail -40 "$OUT/suite.log" ;;
   esac

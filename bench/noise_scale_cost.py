@@ -40,6 +40,9 @@ def main():
     ap.add_argument("--batch", type=int, default=16, help="events per rank per step")
     ap.add_argument("--steps", type=int, default=8, help="steps per round")
     ap.add_argument("--rounds", type=int, default=6, help="rounds with, and as many without")
+    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
+                    help="cuda: every rank on GPU 0 (the mpi backend stages through the host; "
+                    "one rank uses nccl)")
     args = ap.parse_args()
 
     import torch
@@ -60,7 +63,8 @@ def main():
         simulate(folder, events, "angle", (100, 200), 7, events, progress=False)
     comm.Barrier()
     task = gan3d.build({"preset": args.preset})
-    task.setup(comm, "cpu", "mpi", 25 << 20)
+    backend = "nccl" if args.device == "cuda" and comm.Get_size() == 1 else "mpi"
+    task.setup(comm, args.device, backend, 25 << 20)
     data = EventFiles(sorted(glob.glob(f"{folder}/*.h5")), task.keys, task.optional_keys)
     rank, size = comm.Get_rank(), comm.Get_size()
     batches = [task.transform(data.read(np.arange(k * args.batch * size + rank * args.batch,
@@ -77,6 +81,8 @@ def main():
             comm.Barrier()
             start = time.perf_counter()
             task.train_step(batches[k % len(batches)])
+            if args.device == "cuda":
+                torch.cuda.synchronize()
             times.append(time.perf_counter() - start)
         return times
 
@@ -96,9 +102,11 @@ def main():
     data_out = {"np": size, "preset": args.preset, "batch": args.batch, "steps": args.steps,
                 "rounds": args.rounds, "median_step_s": {"with": med[True], "without": med[False]},
                 "cost": cost, "cost_per_round": per_round, "estimates": est,
-                "cpu": cpu_name()}
+                "cpu": cpu_name(), "device": args.device,
+                "gpu": torch.cuda.get_device_name(0) if args.device == "cuda" else None}
     md = [f"3DGAN {args.preset} preset, np = {size}, {args.batch} events per rank per step, "
-          f"{args.rounds} interleaved rounds of {args.steps} steps each way; CPU: {data_out['cpu']}", "",
+          f"{args.rounds} interleaved rounds of {args.steps} steps each way; CPU: {data_out['cpu']}"
+          + (f"; GPU: {data_out['gpu']} ({backend} backend)" if data_out["gpu"] else ""), "",
           "| median step with the noise scale (s) | without (s) | cost | per-round costs (min .. max) | target <= 1 % |",
           "|---|---|---|---|---|",
           f"| {med[True]:.4f} | {med[False]:.4f} | {100 * cost:+.2f} % | "

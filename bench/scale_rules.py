@@ -133,7 +133,8 @@ def summarise(curves: dict, specs: dict) -> dict:
             "verdicts": verdicts, "time_to_band_np2_over_np1": ttq}
 
 
-def markdown(s: dict, missing: list, collapsed: dict, cpu: dict, p: dict) -> list:
+def markdown(s: dict, missing: list, collapsed: dict, cpu: dict, p: dict,
+             concurrent: int = 1, where: str = "") -> list:
     f = conv.fmt
     if s["np1"] is None:
         return ["No np=1 run has finished yet: no band, no table."]
@@ -141,7 +142,10 @@ def markdown(s: dict, missing: list, collapsed: dict, cpu: dict, p: dict) -> lis
     lines = [f"The 3DGAN smooth preset at equal events ({p['events']} training events x "
              f"{p['epochs']} epochs; 16 events per rank unless named; lr 2.36e-3 at base batch "
              f"{BASE}). The np=1 band over {len(b['finals'])} seeds: final FPD "
-             f"{b['bottom']:.3g}-{b['top']:.3g}, median {b['median']:.3g}.", "",
+             f"{b['bottom']:.3g}-{b['top']:.3g}, median {b['median']:.3g}."
+             + (f" Device: {where}." if where else "")
+             + (f" Up to {concurrent} runs shared the machine at once: the seconds and the time "
+                "ratio are not timings." if concurrent > 1 else ""), "",
              "| run | final FPD | best FPD | final AUC (high-level) | time to the band's top (s) | "
              "CPU-minutes | critical batch D | critical batch G | useful ranks D / G |",
              "|---|---|---|---|---|---|---|---|---|"]
@@ -161,7 +165,7 @@ def markdown(s: dict, missing: list, collapsed: dict, cpu: dict, p: dict) -> lis
         lines.append(f"| {g} | {v['seeds']} | {v['median_final_fpd']:.3g} | "
                      f"{'met' if v['median_within_band'] else 'missed'} | "
                      f"{'met' if v['no_seed_above_1.5x_median'] else 'missed'} |")
-    t = s["time_to_band_np2_over_np1"]
+    t = s["time_to_band_np2_over_np1"] if concurrent == 1 else None
     lines += ["", f"Time to the band's top FPD, np=2 over np=1 (medians): {f(t)} (target <= 0.6: "
               f"{'met' if t is not None and t <= 0.6 else 'missed' if t is not None else 'not measured'})"]
     if missing:
@@ -223,6 +227,10 @@ def main():
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--out", default=os.path.join(RESULTS, "scale_rules"))
+    ap.add_argument("--concurrent", type=int, default=1, metavar="N",
+                    help="runs that shared the machine at once (bench/gpu_session.sh's "
+                    "scale_rules stage): the table then reads no timing from them")
+    ap.add_argument("--where", default="", help="the device, for the table's first line")
     args = ap.parse_args()
     p = dict(conv.PRESETS["smooth"])
     os.makedirs(args.out, exist_ok=True)
@@ -259,7 +267,7 @@ def main():
     plots = plot(curves, args.out) if curves else []
     write(args.out, {"config": {**p, **vars(args)}, "curves": curves, "summary": s,
                      "missing": missing, "collapsed": collapsed, "cpu": cpu, "plots": plots},
-          markdown(s, missing, collapsed, cpu, p))
+          markdown(s, missing, collapsed, cpu, p, args.concurrent, args.where))
 
 
 if __name__ == "__main__":
