@@ -77,9 +77,10 @@ def sweep(searcher, workers, evals, seed, problem="hartmann6", **options):
         handed += 1
     while running:
         now, w, point = heapq.heappop(running)
-        true = func(point)
-        values.append(true)
-        tells.append((point, true + noise * rng.normal()))
+        true = func(point)  # None: the trial failed (gan3d_like's diverged lr)
+        if true is not None:
+            values.append(true)
+        tells.append((point, None if true is None else true + noise * rng.normal()))
         busy.pop(trial_key(point))
         if handed < workers * evals:
             point = next_point()

@@ -34,7 +34,7 @@ def test_ask_and_tell():
     first = forest.ask_many(5)
     assert [o for _, o in first] == ["initial"] * 3  # no result yet: no model point
     forest.tell_many([(first[0][0], None)])
-    assert forest.ask_many(2) == [] and forest.y == []
+    assert forest.ask_many(2) == [] and forest.succeeded == 0
     points = told(forest, 40)
     busy = [SPACE.sample(np.random.default_rng(1)) for _ in range(50)]
     exclude = {trial_key(p) for p in points + busy}
@@ -73,6 +73,7 @@ def test_fits_run_off_the_asks():
     ({"niche": -0.1}, "niche -0.1"),
     ({"local_scale": 2.0}, "local_scale in (0, 1]"),
     ({"n_initial": 0}, "n_initial must be at least 1"),
+    ({"failures": "min"}, "failures must be 'worst' or 'ignore', got 'min'"),
 ])
 def test_bad_options_are_refused_with_one_clear_message(options, says):
     with pytest.raises(UsageError) as err:
@@ -143,3 +144,54 @@ def test_1024_simulated_workers_stay_model_driven(tmp_path):
     first = min(true[e["trial"]] for e in started if e["origin"] == "initial")
     later = min(true[e["trial"]] for e in started if e["origin"] == "model")
     assert later < first, (later, first)
+
+
+@pytest.mark.parametrize("failures", ["ignore", "worst"])
+def test_a_failed_trial_is_left_out_or_counted_as_the_worst(failures):
+    """``failures``: a failed trial (None) is left out of the fit, or fitted as the worst
+    result so far (extra trees with leaves of one result reproduce what they were fitted on)."""
+    forest = make_searcher("forest", SPACE, 0, n_initial=1, failures=failures)
+    forest.background = False
+    forest.ask_many(1)
+    points = told(forest, 30)
+    lost = SPACE.sample(np.random.default_rng(9))
+    forest.tell_many([(lost, None)])
+    assert forest.succeeded == 30 and len(forest.y) == 31
+    forest.ask_many(4)
+    model, _ = forest.model
+    at_lost = model.predict(np.asarray([SPACE.encode(lost)]))[0]
+    worst = max(benchmarks.hartmann6(p) for p in points)
+    assert (abs(at_lost - worst) < 1e-9) == (failures == "worst")
+
+
+def test_the_3dgan_shaped_problem_has_its_closed_form_minimum_and_fails_past_its_lr():
+    """benchmarks.gan3d_like: 1.0 at the documented point, above it elsewhere, None (a failed
+    trial) once the lr is over 2.5x its best for D's width; a simulated sweep on it reports the
+    failures as failed trials and still ends with every trial once."""
+    best = {"lr": 1e-3, "g_channels": 10, "d_channels": 8, "w_bce": 3.0, "w_energy": 0.3,
+            "w_angle": 25.0, "w_ecal": 0.1}
+    assert benchmarks.gan3d_like(best) == pytest.approx(benchmarks.GAN3D_LIKE_MIN)
+    space = Space.from_config(benchmarks.space("gan3d_like"))
+    values = [benchmarks.gan3d_like(space.sample(np.random.default_rng(s))) for s in range(500)]
+    assert min(v for v in values if v is not None) > 1.0
+    assert 0.02 < sum(v is None for v in values) / 500 < 0.2
+    wide = dict(best, d_channels=16)  # lr* = 1e-3 sqrt(1/2): 2.5 lr* = 1.77e-3
+    assert benchmarks.gan3d_like(dict(wide, lr=1.7e-3)) is not None
+    assert benchmarks.gan3d_like(dict(wide, lr=1.8e-3)) is None
+
+
+def test_a_simulated_sweep_reports_diverged_trials_as_failed(tmp_path):
+    out = tmp_path / "sim"
+    proc = mpirun(2, ["-m", "mpilearn.hpo.simulate", "--workers", "16", "--evals-per-worker",
+                      "8", "--median-s", "0.05", "--searcher", "random", "--problem",
+                      "gan3d_like", "--out", str(out)], timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    events = read_jsonl(str(out / "journal.jsonl"))
+    ended = [e for e in events if e["event"] in ("done", "failed")]
+    failed = [e for e in ended if e["event"] == "failed"]
+    assert len(ended) == 128 and len({e["key"] for e in ended}) == 128
+    assert failed and all(e["reason"] == "diverged (simulated)" for e in failed)
+    params = {e["key"]: e["params"] for e in events if e["event"] == "started"}
+    assert all(benchmarks.gan3d_like(params[e["key"]]) is None for e in failed)
+    assert all(benchmarks.gan3d_like(params[e["key"]]) is not None for e in ended
+               if e["event"] == "done")

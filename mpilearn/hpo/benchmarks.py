@@ -37,6 +37,37 @@ def ackley10(p):
                  - np.exp(np.mean(np.cos(2 * np.pi * x))) + 20 + math.e)
 
 
+GAN3D_LIKE_MIN = 1.0
+GAN3D_LIKE_SPACE = {  # jobs/hpo-3dgan.yaml's and hpo-3dgan-smooth.yaml's axes, together
+    "lr": {"type": "real", "low": 1.0e-4, "high": 3.0e-3, "log": True},
+    "g_channels": {"type": "int", "low": 4, "high": 16},
+    "d_channels": {"type": "int", "low": 4, "high": 16},
+    "w_bce": {"type": "real", "low": 1.0, "high": 8.0},
+    "w_energy": {"type": "real", "low": 0.05, "high": 1.0, "log": True},
+    "w_angle": {"type": "real", "low": 5.0, "high": 50.0},
+    "w_ecal": {"type": "real", "low": 0.05, "high": 1.0, "log": True},
+}
+
+
+def gan3d_like(p):
+    """A closed-form stand-in for the 3DGAN's own sweep (FPD-like: minimum 1.0, lower is
+    better): the learning rate, G's and D's widths and four loss weights, with the couplings a
+    GAN has. The best lr falls as D widens (lr* = 1e-3 sqrt(8 / d_channels)); D wants to be a
+    little narrower than G (d = 0.8 g); the weights matter relative to the BCE weight. An lr
+    above 2.5 lr* diverges: the trial fails (None), as a GAN's NaN loss does. The minimum, 1.0,
+    is at lr 1e-3, g 10, d 8 and weights (3, 0.3, 25, 0.1)."""
+    lr_best = 1e-3 * math.sqrt(8 / p["d_channels"])
+    lr = math.log(p["lr"] / lr_best)
+    if lr > math.log(2.5):
+        return None
+    g, d, bce = math.log(p["g_channels"]), math.log(p["d_channels"]), math.log(p["w_bce"])
+    return (GAN3D_LIKE_MIN + 4 * lr ** 2 + 2 * (g - math.log(10)) ** 2
+            + 1.5 * (d - g - math.log(0.8)) ** 2 + 0.2 * (bce - math.log(3)) ** 2
+            + 0.5 * (math.log(p["w_energy"]) - bce - math.log(0.1)) ** 2
+            + 0.3 * (math.log(p["w_angle"]) - bce - math.log(25 / 3)) ** 2
+            + 0.5 * (math.log(p["w_ecal"]) - bce - math.log(0.1 / 3)) ** 2)
+
+
 def noisy_branin(p):
     rng = np.random.default_rng(abs(hash((round(p["x1"], 9), round(p["x2"], 9)))) % 2 ** 32)
     return branin(p) + rng.normal(0, 2.0)
@@ -45,6 +76,8 @@ def noisy_branin(p):
 def space(name):
     if name == "hartmann6":
         return {f"x{i}": {"type": "real", "low": 0.0, "high": 1.0} for i in range(1, 7)}
+    if name == "gan3d_like":
+        return dict(GAN3D_LIKE_SPACE)
     if name == "ackley10":
         return {f"x{i}": {"type": "real", "low": -5.0, "high": 10.0} for i in range(1, 11)}
     return {"x1": {"type": "real", "low": -5.0, "high": 10.0},

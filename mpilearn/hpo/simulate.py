@@ -52,7 +52,8 @@ from .space import Space
 TAG_STATS = 91
 PROBLEMS = {"hartmann6": (benchmarks.hartmann6, benchmarks.HARTMANN6_MIN, 0.1),
             "branin": (benchmarks.branin, benchmarks.BRANIN_MIN, 2.0),
-            "ackley10": (benchmarks.ackley10, benchmarks.ACKLEY10_MIN, 0.1)}  # f, min, noise sd
+            "ackley10": (benchmarks.ackley10, benchmarks.ACKLEY10_MIN, 0.1),
+            "gan3d_like": (benchmarks.gan3d_like, benchmarks.GAN3D_LIKE_MIN, 0.2)}  # f, min, noise sd
 
 
 def duration(seed: int, trial: int, median_s: float, sigma: float) -> float:
@@ -61,9 +62,12 @@ def duration(seed: int, trial: int, median_s: float, sigma: float) -> float:
 
 
 def noisy_value(problem: str, params: dict, seed: int, trial: int) -> tuple:
-    """(observed value with Gaussian noise, true value)."""
+    """(observed value with Gaussian noise, true value); (None, None): the trial failed."""
     func, _, noise = PROBLEMS[problem]
-    true = float(func(params))
+    true = func(params)
+    if true is None:
+        return None, None
+    true = float(true)
     return true + noise * float(np.random.default_rng([seed, 11, trial]).normal()), true
 
 
@@ -150,7 +154,9 @@ def play(comm, workers: int, problem: str, seed: int, median_s: float, sigma: fl
             value, true = noisy_value(problem, trial["params"], seed, trial["trial"])
             busy[block] += seconds
             trials.append((trial["trial"], end - start, true))
-            fold = {"fold": 0, "status": "done", "values": [value], "wall": seconds}
+            fold = ({"fold": 0, "status": "done", "values": [value], "wall": seconds}
+                    if value is not None else
+                    {"fold": 0, "status": "failed", "reason": "diverged (simulated)", "wall": seconds})
             comm.send({"block": block, "result": {"folds": [fold], "wall": seconds}},
                       dest=0, tag=TAG_BLOCK)
             asking[block] = end
