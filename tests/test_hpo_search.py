@@ -13,7 +13,7 @@ import yaml
 
 from conftest import ENV, REPO, TESTS, mpirun_cmd
 from mpilearn.hpo.prefetch import Prefetcher
-from mpilearn.hpo.searchers import make_searcher
+from mpilearn.hpo.searchers import FOREST_FROM_BLOCKS, choose, make_searcher
 from mpilearn.hpo.space import Space
 from mpilearn.core.io import read_jsonl
 from objectives import curve_value
@@ -201,7 +201,8 @@ def test_nsga2_front_matches_deaps_own_nsga2_on_zdt1():
 
 
 def test_several_objectives_under_mpirun(tmp_path):
-    cfg = write(tmp_path, {"searcher": "evolution", "budget": 16, "blocks": 2,
+    """searcher auto: evolution, the searcher of fronts, said once and kept in config.yaml."""
+    cfg = write(tmp_path, {"searcher": "auto", "budget": 16, "blocks": 2,
                            "options": {"population": 4},
                            "objective": {"function": "objectives:two_objectives",
                                          "direction": ["minimize", "minimize"]},
@@ -209,6 +210,9 @@ def test_several_objectives_under_mpirun(tmp_path):
                                      "y": {"type": "real", "low": 0.0, "high": 1.0}}})
     proc = optimize(3, cfg)
     assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("mpilearn: search.searcher auto: evolution (2 objectives)") == 1
+    saved = yaml.safe_load((tmp_path / "sweep" / "config.yaml").read_text())
+    assert saved["search"]["searcher"] == "evolution"
     done = [e for e in journal(tmp_path) if e["event"] == "done"]
     assert len(done) == 16 and all(len(e["values"]) == 2 for e in done)
     assert any(e["origin"] == "model" for e in journal(tmp_path) if e["event"] == "started")
@@ -224,9 +228,17 @@ def test_several_objectives_under_mpirun(tmp_path):
                        for v in values)
 
 
+def test_auto_picks_the_searcher_by_blocks_and_objectives():
+    assert choose("auto", 1) == "gp" and choose("auto", FOREST_FROM_BLOCKS - 1) == "gp"
+    assert choose("auto", FOREST_FROM_BLOCKS) == "forest" and choose("auto", 16384) == "forest"
+    assert choose("auto", 8, n_objectives=2) == "evolution"
+    assert choose("random", 16384) == "random"  # a named searcher is kept
+
+
 def test_maximize_enqueue_and_warm_start(tmp_path):
+    """(searcher auto: gp for 1 block, and config.yaml records gp.)"""
     space = {"x": {"type": "real", "low": 0.0, "high": 1.0}}
-    cfg = write(tmp_path, {"searcher": "gp", "budget": 6, "options": {"n_initial": 2},
+    cfg = write(tmp_path, {"searcher": "auto", "budget": 6, "options": {"n_initial": 2},
                            "objective": {"function": "objectives:slow_quadratic",
                                          "direction": "maximize"},
                            "enqueue": [{"x": 0.95}, {"x": 0.05}], "space": space})
@@ -238,6 +250,8 @@ def test_maximize_enqueue_and_warm_start(tmp_path):
     assert [e["origin"] for e in started[:2]] == ["enqueued", "enqueued"]
     best = max(e["value"] for e in events if e["event"] == "done")
     assert f"best {best:.5g}" in proc.stdout  # maximised: the best is the largest
+    saved = yaml.safe_load((tmp_path / "sweep" / "config.yaml").read_text())
+    assert saved["search"]["searcher"] == "gp"
 
     second = write(tmp_path, {"searcher": "gp", "budget": 3, "options": {"n_initial": 1},
                               "warm_start": [str(tmp_path / "sweep")],

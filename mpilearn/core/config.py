@@ -89,7 +89,7 @@ SCHEMA: Dict[str, Any] = {
 }
 
 CHOICES = {
-    "search.searcher": ("gp", "evolution", "random", "forest"),
+    "search.searcher": ("auto", "gp", "evolution", "random", "forest"),
     "search.fold_mode": ("parallel", "sequential"),
     "search.pruner": ("none", "median", "asha", "hyperband"),
     "train.backend": ("mpi", "torch", "horovod"),
@@ -115,7 +115,7 @@ FREE_FORM = {"hparams", "search.space", "search.objective", "search.options",
 
 # an HPO sweep's config: the training config plus a 'search' section
 SEARCH = {
-    "searcher": "gp",
+    "searcher": "auto",
     "budget": 10,
     "blocks": 1,
     "folds": 2,
@@ -234,7 +234,9 @@ DESCRIPTIONS: Dict[str, str] = {
                    "are GPUs, else the CPU",
     "device.allow_shared_gpus": "allow more ranks per node than GPUs",
     "output": "run directory; default runs/<model>-<time> (--output overrides it)",
-    "search.searcher": "gp (scikit-optimize's GP, batches by kriging believer), evolution (DEAP: "
+    "search.searcher": "auto (gp below 2 048 blocks, forest from 2 048, evolution for several "
+                       "objectives; the choice is written to config.yaml), "
+                       "gp (scikit-optimize's GP, batches by kriging believer), evolution (DEAP: "
                        "steady state, NSGA-II with several objectives), random, forest (extra "
                        "trees, a UCB weight drawn per suggestion, refits off the asks: for "
                        "hundreds to thousands of blocks)",

@@ -45,7 +45,7 @@ def check_search(config: dict, build: bool = True) -> dict:
     with ``build=False``: the model file is imported, not built (a builder may need the
     job's MPI context). Returns the parts built on the way."""
     from . import objective
-    from .searchers import make_searcher
+    from .searchers import choose, make_searcher
     from .space import Space
     from ..core.builders import default_hparams, load_builder
 
@@ -88,6 +88,9 @@ def check_search(config: dict, build: bool = True) -> dict:
     if "callable" not in obj:
         check_space_values(config["model"], space)
     n_objectives = len(obj["directions"])
+    # 'auto' becomes the searcher it picks here, before config.yaml is written or compared on
+    # --resume: the sweep keeps one searcher, named in its files
+    s["searcher"] = choose(s["searcher"], s["blocks"], n_objectives)
     searcher = make_searcher(s["searcher"], space, s["seed"], n_objectives, **s["options"])
     if s["pruner"] != "none" and n_objectives > 1:
         raise UsageError(f"search.pruner {s['pruner']} judges one objective; this sweep has "
@@ -106,9 +109,11 @@ def plan(config: dict, world_size: int, resume, force: bool = False) -> dict:
     the sweep's: ``hpo/identity.py``). Returns the plan: what :func:`start` records, and the
     coordinator's parts, built once here (objective, searcher, pruner, warm-start records)."""
     from . import identity
+    from .searchers import FOREST_FROM_BLOCKS
 
     s = config["search"]
     layout.check(world_size, s["blocks"], s["folds"], s["ranks_per_fold"], s["fold_mode"])
+    asked = s["searcher"]
     parts = check_search(config)
     task, n_events = parts["task"], None
     if task is not None:
@@ -138,6 +143,11 @@ def plan(config: dict, world_size: int, resume, force: bool = False) -> dict:
     # one line per sweep: its folds start fresh without saying so, each one
     notes = identity.check(output, config, force) if os.path.exists(journal) else \
         [f"mpilearn: no sweep in {output}; starting one"] if resume == "auto" else []
+    if asked == "auto" and s["searcher"] != "gp":  # gp, the old default, needs no line
+        notes.append(f"mpilearn: search.searcher auto: {s['searcher']} ("
+                     + (f"{len(parts['objective']['directions'])} objectives)"
+                        if s["searcher"] == "evolution" else
+                        f"{s['blocks']} blocks; gp below {FOREST_FROM_BLOCKS})"))
     return {"output": output, "n_events": n_events, "notes": notes, "force": force,
             "objective": parts["objective"], "searcher": parts["searcher"],
             "pruner": parts["pruner"], "warm_start": warm}
