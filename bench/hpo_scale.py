@@ -119,7 +119,7 @@ class DeepHyperCBO(Searcher):
     large batches). DeepHyper maximises: it is told minus the loss; a failed trial is "F".
     A bench extra: ``pip install -r bench/requirements-peers.txt``."""
 
-    def __init__(self, space, seed, n_initial, log_dir):
+    def __init__(self, space, seed, n_initial, log_dir, **cbo_options):
         super().__init__(space, seed)
         import logging
 
@@ -131,9 +131,10 @@ class DeepHyperCBO(Searcher):
             kind = int if p.type == "int" else float
             bounds = (kind(p.low), kind(p.high)) + (("log-uniform",) if p.log else ())
             problem.add_hyperparameter(bounds, p.name)
+        options = dict(surrogate_model="ET", acq_func="UCBd", multi_point_strategy="qUCBd")
+        options.update(cbo_options)  # e.g. multi_point_strategy "cl_max", CBO's own default
         self.search = CBO(problem, random_state=seed, log_dir=log_dir,
-                          checkpoint_history_to_csv=False, n_initial_points=n_initial,
-                          surrogate_model="ET", acq_func="UCBd", multi_point_strategy="qUCBd")
+                          checkpoint_history_to_csv=False, n_initial_points=n_initial, **options)
         self.n_initial, self.handed = n_initial, 0
 
     def ask_many(self, n, pending=(), exclude=()):

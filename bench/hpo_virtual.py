@@ -45,8 +45,8 @@ def sweep(searcher, workers, evals, seed, problem="hartmann6", **options):
 
         from hpo_scale import DeepHyperCBO
 
-        s = DeepHyperCBO(space, seed, options.get("n_initial", workers),
-                         tempfile.mkdtemp(prefix="deephyper-"))
+        s = DeepHyperCBO(space, seed, options.pop("n_initial", workers),
+                         tempfile.mkdtemp(prefix="deephyper-"), **options)
     else:
         s = make_searcher(searcher, space, seed, **options)
     if hasattr(s, "background"):
