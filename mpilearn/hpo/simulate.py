@@ -262,14 +262,14 @@ def main(argv=None, make_searcher_fn=None) -> int:
     """``make_searcher_fn(space, seed)``: a searcher other than ours (a bench's peer)."""
     from ..core import comm as mcomm
     from ..errors import exit_status
-    from .searchers import make_searcher
+    from .searchers import choose, make_searcher
 
     args = parser().parse_args(argv)
     world = mcomm.init().comm  # a crash on one rank ends the job with its traceback
     try:
         options = parse_options(args.options)
         run(world, make_searcher_fn or (lambda space, seed: make_searcher(
-            args.searcher, space, seed, **options)), args)
+            choose(args.searcher, args.workers), space, seed, **options)), args)
     except Exception as err:  # bad input: exit 2 (rank 0 says why); others abort the job
         return exit_status(err, world.Get_rank())
     return 0
