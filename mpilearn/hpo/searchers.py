@@ -136,8 +136,7 @@ class GPSearcher(Searcher):
         self.model_rows: List[int] = []  # which results the model is fitted on
         self.initial_handed = 0
         self.X: List[list] = []   # told points (skopt order of values)
-        self.y: List[float] = []  # NaN: a failed trial
-        self.succeeded = 0
+        self.y: List[float] = []
         self.model = None         # the latest GP, fitted on X, y
         self.kernel = None        # its kernel (hyperparameters fitted at n_hyper points)
         self.n_hyper = 0
@@ -283,7 +282,7 @@ class GPSearcher(Searcher):
     def ask_many(self, n, pending=(), exclude=()):
         exclude = set(exclude)
         out = self._initial(n, exclude)
-        if len(out) < n and self.succeeded >= 2:
+        if len(out) < n and len(self.y) >= 2:
             points = self._batch(n - len(out), list(pending) + [p for p, _ in out], exclude)
             self.asked += len(points)
             out += [(p, "model") for p in points]
