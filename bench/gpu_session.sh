@@ -93,7 +93,7 @@ for stage in "$@"; do
         timeout ${CHALLENGE_S:-120} python3 -m mpilearn.validate --generated "/tmp/$s/*.h5" --mc "/tmp/mcA/*.h5" --events 2000 --full \
           --no-plots --output "$OUT/challenge_$s" --json "$OUT/challenge_$s.json" >"$OUT/challenge_$s.log" 2>&1; echo "$s rc=$?"; tail -4 "$OUT/challenge_$s.log"
       done ;;
-    noise_cost)  # issue 54: the noise scale's cost per 3DGAN step on the GPU (target <= 1 %), full preset bf16-free fp32
+    noise_cost)  # issue 54: the noise scale's cost per 3DGAN step on the GPU (target <= 1 %): full preset at np=1, smooth at np=2
       timeout 100 python3 bench/noise_scale_cost.py --device cuda --preset full --batch 32 --steps 6 --rounds 5 \
         "$OUT/noise_cost_full_np1" >"$OUT/noise_cost.log" 2>&1
       timeout 60 mpirun -np 2 --oversubscribe python3 bench/noise_scale_cost.py --device cuda --preset smooth --batch 16 \

@@ -62,6 +62,7 @@ import numpy as np
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 from mpilearn.hpo.searchers import Searcher  # noqa: E402
+from mpilearn.hpo.simulate import PROBLEMS  # noqa: E402
 from mpilearn.hpo.space import trial_key  # noqa: E402
 
 SEARCHERS = ("random", "evolution", "gp", "forest", "optuna-tpe", "deephyper-cbo")
@@ -184,8 +185,6 @@ def sweep(searcher, workers, seed, median_s, tmp, fail=0.0, problem="hartmann6")
 
 
 def metrics(out, problem="hartmann6"):
-    from mpilearn.hpo.simulate import PROBLEMS
-
     sim = json.load(open(os.path.join(out, "sim.json")))
     journal = [json.loads(line) for line in open(os.path.join(out, "journal.jsonl"))]
     origins = Counter(e.get("origin") for e in journal if e["event"] == "started")
@@ -197,16 +196,16 @@ def metrics(out, problem="hartmann6"):
     lat, cpu = np.array(sim["latency_s"]), np.array(sim["decision_cpu_s"])
     queued = np.array(sim["queued"], dtype=bool)
     at_once, waited = lat[~queued], lat[queued]
-    done = {e["key"] for e in journal if e["event"] in ("done", "failed")}  # ended with a result
+    ended = {e["key"] for e in journal if e["event"] in ("done", "failed")}
     budget = len(sim["busy_s"]) * sim["evals_per_worker"]
     return {"utilisation": float(busy.sum() / window.sum()), **idle_shares(sim, window.sum()),
             "failed_blocks": len(sim.get("lost", [])),
             "interrupted": sum(e["event"] == "interrupted" for e in journal),
-            "lost_trials": budget - len(done), "exact_budget": len(trials) == budget,
+            "lost_trials": budget - len(ended), "exact_budget": len(trials) == budget,
             "utilisation_min": float(np.min(busy[window > 0] / window[window > 0])),
             "model_share": origins["model"] / post if post and origins["model"] else None,
             "origins": dict(origins), "trials": len(trials),
-            "once": len(done) == len(trials),
+            "once": len(ended) == len(trials),
             "failed_trials": sum(e["event"] == "failed" for e in journal),
             "regret": float(regret[-1]), "regret_curve": regret.tolist(),
             "end_s": [t[1] for t in trials], "wall_s": sim["wall_s"],
@@ -245,8 +244,6 @@ IDLE = (("idle_model_wait", "model"), ("idle_dispatch", "dispatch"),
 
 
 def table(rows, sizes, searchers, seeds):
-    from mpilearn.hpo.simulate import PROBLEMS
-
     problems = sorted({r.get("problem", "hartmann6") for r in rows})
     md = [", ".join(f"{p} + noise (sd {PROBLEMS[p][2]:g})" for p in problems)
           + f", 10 evaluations per worker, {len(seeds)} seed(s); "
@@ -327,7 +324,7 @@ def main():
     ap.add_argument("--jobs", type=int, help="sweeps run at once (default 1; --quick: 2)")
     ap.add_argument("--fail-fraction", type=float, nargs="+", default=[0.0],
                     help="shares of the blocks that fail mid-sweep, one row each (0 0.01)")
-    ap.add_argument("--problem", default="hartmann6", choices=("hartmann6", "ackley10", "branin", "gan3d_like"),
+    ap.add_argument("--problem", default="hartmann6", choices=sorted(PROBLEMS),
                     help="the function every sweep minimises (mpilearn.hpo.simulate)")
     ap.add_argument("--out", default=os.path.join(REPO, "bench", "results", "hpo_scale"))
     a = ap.parse_args()

@@ -218,11 +218,14 @@ def plot(curves: dict, out: str) -> list:
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--only", type=lambda v: v.split(","), default=None, metavar="NAME,...")
+    ap.add_argument("--only", type=lambda v: v.split(","), default=None, metavar="NAME,...",
+                    help="run only these runs; 'none': run nothing, write the table (and the "
+                    "data) from the runs already finished")
     ap.add_argument("--prior", action="append", default=None, metavar="JSON",
                     help="earlier tables whose finished runs count (same protocol; default: "
                     "bench/results/convergence_smooth.json and scale_rules.json, so a new "
-                    "session goes on from the runs the last one committed)")
+                    "session goes on from the runs the last one committed; 'none': no earlier "
+                    "table, as on another device)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)
@@ -236,8 +239,8 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     files, val = conv.simulate_data(os.path.join(args.out, "runs", "data"), p)
     prior, prior_cpu = {"curves": {}}, {}
-    for path in args.prior or [os.path.join(RESULTS, f) for f in ("convergence_smooth.json",
-                                                                   "scale_rules.json")]:
+    defaults = [os.path.join(RESULTS, f) for f in ("convergence_smooth.json", "scale_rules.json")]
+    for path in [] if args.prior == ["none"] else args.prior or defaults:
         if os.path.exists(path):
             table = json.load(open(path))
             prior["curves"].update(table.get("curves", {}))

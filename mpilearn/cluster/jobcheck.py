@@ -8,7 +8,6 @@ starts its pods or nodes, and then exits 2 (and, on Kubernetes, may be retried).
 """
 from __future__ import annotations
 
-import copy
 import glob
 import os
 from typing import List
@@ -25,7 +24,7 @@ def check_config(kind: str, config: dict) -> None:
     if kind == "hpo":
         from ..hpo.optimize import check_search
 
-        check_search(copy.deepcopy(config), build=False)  # it resolves searcher 'auto' in place
+        check_search(config, build=False)
         return
     from ..core.builders import load_builder
     from ..train.checks import check_hparams

@@ -38,15 +38,6 @@ def ackley10(p):
 
 
 GAN3D_LIKE_MIN = 1.0
-GAN3D_LIKE_SPACE = {  # jobs/hpo-3dgan.yaml's and hpo-3dgan-smooth.yaml's axes, together
-    "lr": {"type": "real", "low": 1.0e-4, "high": 3.0e-3, "log": True},
-    "g_channels": {"type": "int", "low": 4, "high": 16},
-    "d_channels": {"type": "int", "low": 4, "high": 16},
-    "w_bce": {"type": "real", "low": 1.0, "high": 8.0},
-    "w_energy": {"type": "real", "low": 0.05, "high": 1.0, "log": True},
-    "w_angle": {"type": "real", "low": 5.0, "high": 50.0},
-    "w_ecal": {"type": "real", "low": 0.05, "high": 1.0, "log": True},
-}
 
 
 def gan3d_like(p):
@@ -76,8 +67,14 @@ def noisy_branin(p):
 def space(name):
     if name == "hartmann6":
         return {f"x{i}": {"type": "real", "low": 0.0, "high": 1.0} for i in range(1, 7)}
-    if name == "gan3d_like":
-        return dict(GAN3D_LIKE_SPACE)
+    if name == "gan3d_like":  # jobs/hpo-3dgan.yaml's and hpo-3dgan-smooth.yaml's axes, together
+        return {"lr": {"type": "real", "low": 1.0e-4, "high": 3.0e-3, "log": True},
+                "g_channels": {"type": "int", "low": 4, "high": 16},
+                "d_channels": {"type": "int", "low": 4, "high": 16},
+                "w_bce": {"type": "real", "low": 1.0, "high": 8.0},
+                "w_energy": {"type": "real", "low": 0.05, "high": 1.0, "log": True},
+                "w_angle": {"type": "real", "low": 5.0, "high": 50.0},
+                "w_ecal": {"type": "real", "low": 0.05, "high": 1.0, "log": True}}
     if name == "ackley10":
         return {f"x{i}": {"type": "real", "low": -5.0, "high": 10.0} for i in range(1, 11)}
     return {"x1": {"type": "real", "low": -5.0, "high": 10.0},

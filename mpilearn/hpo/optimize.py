@@ -88,10 +88,8 @@ def check_search(config: dict, build: bool = True) -> dict:
     if "callable" not in obj:
         check_space_values(config["model"], space)
     n_objectives = len(obj["directions"])
-    # 'auto' becomes the searcher it picks here, before config.yaml is written or compared on
-    # --resume: the sweep keeps one searcher, named in its files
-    s["searcher"] = choose(s["searcher"], s["blocks"], n_objectives)
-    searcher = make_searcher(s["searcher"], space, s["seed"], n_objectives, **s["options"])
+    name = choose(s["searcher"], s["blocks"], n_objectives)  # 'auto': by blocks and objectives
+    searcher = make_searcher(name, space, s["seed"], n_objectives, **s["options"])
     if s["pruner"] != "none" and n_objectives > 1:
         raise UsageError(f"search.pruner {s['pruner']} judges one objective; this sweep has "
                          f"{n_objectives} (set search.pruner: none)")
@@ -100,7 +98,8 @@ def check_search(config: dict, build: bool = True) -> dict:
     from . import elastic
 
     elastic.check(config)
-    return {"objective": obj, "task": task, "searcher": searcher, "pruner": pruner}
+    return {"objective": obj, "task": task, "searcher": searcher, "searcher_name": name,
+            "pruner": pruner}
 
 
 def plan(config: dict, world_size: int, resume, force: bool = False) -> dict:
@@ -115,6 +114,9 @@ def plan(config: dict, world_size: int, resume, force: bool = False) -> dict:
     layout.check(world_size, s["blocks"], s["folds"], s["ranks_per_fold"], s["fold_mode"])
     asked = s["searcher"]
     parts = check_search(config)
+    # 'auto' becomes the searcher it picked, before config.yaml is written or compared on
+    # --resume: the sweep keeps one searcher, named in its files
+    s["searcher"] = parts["searcher_name"]
     task, n_events = parts["task"], None
     if task is not None:
         from ..data.hdf5 import EventFiles
@@ -144,10 +146,9 @@ def plan(config: dict, world_size: int, resume, force: bool = False) -> dict:
     notes = identity.check(output, config, force) if os.path.exists(journal) else \
         [f"mpilearn: no sweep in {output}; starting one"] if resume == "auto" else []
     if asked == "auto" and s["searcher"] != "gp":  # gp, the old default, needs no line
-        notes.append(f"mpilearn: search.searcher auto: {s['searcher']} ("
-                     + (f"{len(parts['objective']['directions'])} objectives)"
-                        if s["searcher"] == "evolution" else
-                        f"{s['blocks']} blocks; gp below {FOREST_FROM_BLOCKS})"))
+        why = (f"{len(parts['objective']['directions'])} objectives" if s["searcher"] == "evolution"
+               else f"{s['blocks']} blocks; gp below {FOREST_FROM_BLOCKS}")
+        notes.append(f"mpilearn: search.searcher auto: {s['searcher']} ({why})")
     return {"output": output, "n_events": n_events, "notes": notes, "force": force,
             "objective": parts["objective"], "searcher": parts["searcher"],
             "pruner": parts["pruner"], "warm_start": warm}
