@@ -164,6 +164,15 @@ def _add_cpu(out: str, seconds: float) -> None:
         f.write(f"{before + seconds:.1f}\n")
 
 
+def cpu_is_partial(folder: str) -> bool:
+    """True when a launch of the run ended without an exit (killed, or its machine restarted):
+    its ranks' CPU never reached CPU_FILE, which is then a lower bound."""
+    path = os.path.join(folder, "launches.jsonl")
+    if not os.path.exists(path):
+        return False
+    return any(json.loads(line).get("exit") is None for line in open(path) if line.strip())
+
+
 def curve(records: list, events: int) -> list:
     """Per epoch: events seen, cumulative training seconds, the quality numbers."""
     out, seconds = [], 0.0
