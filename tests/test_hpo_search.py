@@ -13,7 +13,7 @@ import yaml
 
 from conftest import ENV, REPO, TESTS, mpirun_cmd
 from mpilearn.hpo.prefetch import Prefetcher
-from mpilearn.hpo.searchers import FOREST_FROM_BLOCKS, choose, make_searcher
+from mpilearn.hpo.searchers import choose, make_searcher
 from mpilearn.hpo.space import Space
 from mpilearn.core.io import read_jsonl
 from objectives import curve_value
@@ -228,11 +228,10 @@ def test_several_objectives_under_mpirun(tmp_path):
                        for v in values)
 
 
-def test_auto_picks_the_searcher_by_blocks_and_objectives():
-    assert choose("auto", 1) == "gp" and choose("auto", FOREST_FROM_BLOCKS - 1) == "gp"
-    assert choose("auto", FOREST_FROM_BLOCKS) == "forest" and choose("auto", 16384) == "forest"
-    assert choose("auto", 8, n_objectives=2) == "evolution"
-    assert choose("random", 16384) == "random"  # a named searcher is kept
+def test_auto_picks_the_searcher_by_objectives():
+    assert choose("auto") == "gp" and choose("auto", n_objectives=1) == "gp"
+    assert choose("auto", n_objectives=2) == "evolution"
+    assert choose("random") == "random" and choose("forest", 2) == "forest"  # a named one is kept
 
 
 def test_maximize_enqueue_and_warm_start(tmp_path):

@@ -234,12 +234,11 @@ DESCRIPTIONS: Dict[str, str] = {
                    "are GPUs, else the CPU",
     "device.allow_shared_gpus": "allow more ranks per node than GPUs",
     "output": "run directory; default runs/<model>-<time> (--output overrides it)",
-    "search.searcher": "auto (gp below 2 048 blocks, forest from 2 048, evolution for several "
-                       "objectives; the choice is written to config.yaml), "
+    "search.searcher": "auto (gp for one objective at every size, evolution for several; "
+                       "the choice is written to config.yaml), "
                        "gp (scikit-optimize's GP, batches by kriging believer), evolution (DEAP: "
                        "steady state, NSGA-II with several objectives), random, forest (extra "
-                       "trees, a UCB weight drawn per suggestion, refits off the asks: for "
-                       "hundreds to thousands of blocks)",
+                       "trees, a UCB weight drawn per suggestion, refits off the asks)",
     "search.budget": "trials in the sweep (done + pruned + failed)",
     "search.blocks": "trials trained at once",
     "search.folds": "k of k-fold cross-validation at event level (1 = a plain validation split)",

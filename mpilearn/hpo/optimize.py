@@ -88,7 +88,7 @@ def check_search(config: dict, build: bool = True) -> dict:
     if "callable" not in obj:
         check_space_values(config["model"], space)
     n_objectives = len(obj["directions"])
-    name = choose(s["searcher"], s["blocks"], n_objectives)  # 'auto': by blocks and objectives
+    name = choose(s["searcher"], n_objectives)  # 'auto': by the number of objectives
     searcher = make_searcher(name, space, s["seed"], n_objectives, **s["options"])
     if s["pruner"] != "none" and n_objectives > 1:
         raise UsageError(f"search.pruner {s['pruner']} judges one objective; this sweep has "
@@ -108,8 +108,6 @@ def plan(config: dict, world_size: int, resume, force: bool = False) -> dict:
     the sweep's: ``hpo/identity.py``). Returns the plan: what :func:`start` records, and the
     coordinator's parts, built once here (objective, searcher, pruner, warm-start records)."""
     from . import identity
-    from .searchers import FOREST_FROM_BLOCKS
-
     s = config["search"]
     layout.check(world_size, s["blocks"], s["folds"], s["ranks_per_fold"], s["fold_mode"])
     asked = s["searcher"]
@@ -146,9 +144,8 @@ def plan(config: dict, world_size: int, resume, force: bool = False) -> dict:
     notes = identity.check(output, config, force) if os.path.exists(journal) else \
         [f"mpilearn: no sweep in {output}; starting one"] if resume == "auto" else []
     if asked == "auto" and s["searcher"] != "gp":  # gp, the old default, needs no line
-        why = (f"{len(parts['objective']['directions'])} objectives" if s["searcher"] == "evolution"
-               else f"{s['blocks']} blocks; gp below {FOREST_FROM_BLOCKS}")
-        notes.append(f"mpilearn: search.searcher auto: {s['searcher']} ({why})")
+        notes.append(f"mpilearn: search.searcher auto: {s['searcher']} "
+                     f"({len(parts['objective']['directions'])} objectives)")
     return {"output": output, "n_events": n_events, "notes": notes, "force": force,
             "objective": parts["objective"], "searcher": parts["searcher"],
             "pruner": parts["pruner"], "warm_start": warm}

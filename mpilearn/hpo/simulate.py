@@ -269,7 +269,7 @@ def main(argv=None, make_searcher_fn=None) -> int:
     try:
         options = parse_options(args.options)
         run(world, make_searcher_fn or (lambda space, seed: make_searcher(
-            choose(args.searcher, args.workers), space, seed, **options)), args)
+            choose(args.searcher), space, seed, **options)), args)
     except Exception as err:  # bad input: exit 2 (rank 0 says why); others abort the job
         return exit_status(err, world.Get_rank())
     return 0
