@@ -88,8 +88,10 @@ def test_easgd_with_one_worker_resumes_at_the_epoch_boundary_exactly(model, toy_
 
 def test_a_5x_slower_worker_does_not_hold_back_the_fast_one(toy_file, tmp_path):
     out = str(tmp_path / "straggler")
+    # pauses of 30 and 150 ms: a step's own cost on a loaded 2-core node (about 20 ms) must not
+    # close the 5x gap (with 10 ms pauses, 40 against 17 steps under a full suite)
     proc = mpirun(3, args(toy_file, out, "train.epochs=1", "train.algorithm=downpour",
-                          "hparams.sleep=0.01", "hparams.straggler=2",
+                          "hparams.sleep=0.03", "hparams.straggler=2",
                           model=f"{TESTS}/models/slow.py"))
     assert proc.returncode == 0, proc.stderr
     record = read_jsonl(os.path.join(out, "metrics.jsonl"))[-1]
