@@ -16,7 +16,7 @@ coordinator's prefetcher asks it (batches of up to min(W, 256) points, every bus
 passed as pending, the results told in one batch before each ask) and is given all the time it
 needs. So this is the search's quality with the model never late: a real sweep on a loaded
 node can only do worse. A 4 096-worker Hartmann-6 sweep (40 960 evaluations) takes 2-4 minutes
-with the forest or the GP (whose model keeps at most 1 000 results); 16 384 workers, 13.
+with the forest or the GP (whose model keeps at most 1 000 results); 16 384 workers about 13 minutes.
 """
 import argparse
 import heapq
