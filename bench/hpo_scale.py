@@ -28,7 +28,8 @@ per worker (the first wave has no data to model).
 
 Reported per worker count and searcher (mean over seeds; regret: median over seeds):
 - utilisation: trial time / each worker's time in the sweep (from the start until it is
-  told that no trial is left), over all workers;
+  told that no trial is left), over all workers; beside it the least busy worker's, among
+  those that did not vanish;
 - model share: the share of the post-initial suggestions that came from the model;
 - regret (noise-free value of the best point found, minus the minimum) after all
   evaluations, and curves against evaluations and wall time (OUT.png);
@@ -184,6 +185,11 @@ def sweep(searcher, workers, seed, median_s, tmp, fail=0.0, problem="hartmann6")
     return metrics(out, problem)
 
 
+def vanished(sim):
+    """The blocks whose ranks were lost for good (their capacity ended at the failure)."""
+    return [block for block, kind, _ in sim.get("lost", []) if kind == "vanish"]
+
+
 def metrics(out, problem="hartmann6"):
     sim = json.load(open(os.path.join(out, "sim.json")))
     journal = [json.loads(line) for line in open(os.path.join(out, "journal.jsonl"))]
@@ -202,7 +208,10 @@ def metrics(out, problem="hartmann6"):
             "failed_blocks": len(sim.get("lost", [])),
             "interrupted": sum(e["event"] == "interrupted" for e in journal),
             "lost_trials": budget - len(ended), "exact_budget": len(trials) == budget,
-            "utilisation_min": float(np.min(busy[window > 0] / window[window > 0])),
+            # the least busy worker that did not vanish: a block lost in its first trial did
+            # no busy time at all, and its 0 % would only say that it failed
+            "utilisation_min": float(np.min((busy / np.where(window > 0, window, 1))[
+                (window > 0) & ~np.isin(np.arange(len(window)), vanished(sim))])),
             "model_share": origins["model"] / post if post and origins["model"] else None,
             "origins": dict(origins), "trials": len(trials),
             "once": len(ended) == len(trials),
@@ -348,8 +357,16 @@ def main():
     md = table(rows, sizes, a.searchers, seeds)
     md += ["", f"Command: `python bench/hpo_scale.py {' '.join(sys.argv[1:])}`; curves: "
            f"{os.path.basename(a.out)}.png"]
-    write(a.out, rows, md)
     plot(rows, sizes, a.searchers, a.out + ".png")
+    write(a.out, [thin(r) for r in rows], md)
+
+
+def thin(row, most=2048):
+    """The row with its per-trial curves kept at every k-th trial (``curve_stride``), so that
+    a 16 384-worker sweep's JSON stays small; the plot above drew them whole."""
+    k = max(1, -(-len(row["regret_curve"]) // most))
+    return {**row, "curve_stride": k, "regret_curve": row["regret_curve"][::k],
+            "end_s": row["end_s"][::k]}
 
 
 if __name__ == "__main__":
