@@ -33,8 +33,9 @@ Reported per worker count and searcher (mean over seeds; regret: median over see
 - model share: the share of the post-initial suggestions that came from the model;
 - regret (noise-free value of the best point found, minus the minimum) after all
   evaluations, and curves against evaluations and wall time (OUT.png);
-- the coordinator's decision latency (a block's request received -> its answer sent,
-  including the journal's fsync) for the requests it answered at once, and apart from them
+- the coordinator's decision latency (a block's request received -> its next trial sent,
+  including the journal's fsync; a release, "no trial left", counts with the release waits)
+  for the requests it answered at once, and apart from them
   the share of requests that queued for a model point still being computed (the coordinator
   serves the others meanwhile) with their wait; its CPU time per decision (the main thread's).
 - with ``--fail-fraction F``: that share of the blocks fails once mid-trial, half vanishing,

@@ -44,7 +44,8 @@ def test_64_simulated_workers_run_every_trial_once_in_under_a_minute(tmp_path):
     assert origins[:WORKERS] == ["initial"] * WORKERS and "model" in origins[WORKERS:]
     sim = json.load(open(tmp_path / "sim" / "sim.json"))
     assert len(sim["trials"]) == WORKERS * EVALS
-    assert len(sim["latency_s"]) == WORKERS * (EVALS + 1)  # every request answered once
+    assert len(sim["wait_s"]) == WORKERS * (EVALS + 1)  # every request answered once
+    assert len(sim["latency_s"]) == WORKERS * EVALS  # decisions: trials, not releases
     assert len(sim["queued"]) == len(sim["latency_s"])  # each answer: at once, or queued
     assert set(sim["queued"]) <= {True, False}
     assert 0 < sum(sim["busy_s"]) <= sum(sim["window_s"])

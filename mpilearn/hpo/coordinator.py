@@ -74,7 +74,7 @@ class Coordinator:
         self.pool = Prefetcher(searcher, ahead=ahead, known_keys=self._known,
                                pending=[e["params"] for e in self.requeue], enqueued=enqueue)
         self.running: Dict[int, dict] = {}     # block -> started event
-        self.latencies: List[float] = []       # seconds from a block's request to its answer
+        self.latencies: List[float] = []  # seconds from a block's request to its next trial
         self.queued: List[bool] = []  # per answer: it waited in the queue for a model point
         self.cpu_times: List[float] = []       # this thread's CPU seconds per decision
         self.deferred: List[tuple] = []  # (block, rank, asked, deadline): waiting for a model point
@@ -251,7 +251,9 @@ class Coordinator:
                 for dest, tag, answer, asked, queued in answers:
                     if not self._send(answer, dest, tag, active):
                         continue
-                    if tag == TAG_TRIAL:
+                    # a trial's answer only: a release (None) held back as a spare waited
+                    # for the sweep's end, not for a decision or a model point
+                    if tag == TAG_TRIAL and answer is not None:
                         self.latencies.append(time.perf_counter() - asked)
                         self.queued.append(queued)
                 if not answers:
