@@ -334,3 +334,21 @@ def test_a_trial_failed_by_its_dying_job_runs_again_on_resume(tmp_path):
     j.write("failed", key="b", status="failed", reason="RuntimeError: builder exploded")
     state = j.replay()
     assert state.in_flight == ["a"] and list(state.finished) == ["b"]
+
+
+def test_a_batch_sees_the_sweeps_keys_live_without_copying_them():
+    """The prefetcher hands each batch a view of the keys handed out, not a copy (a copy cost
+    O(keys) twice a batch and starved the coordinator at 16 384 blocks): keys the batch adds
+    stay in the batch, and keys handed out meanwhile are seen."""
+    from mpilearn.hpo.space import KeyView, trial_key
+
+    handed = {"a"}
+    view = KeyView(handed, {"b"})
+    view.add("c")
+    handed.add("late")
+    assert {"a", "b", "c", "late"} <= {k for k in ("a", "b", "c", "late", "x") if k in view}
+    assert "x" not in view and handed == {"a", "late"}
+    space = Space.from_config({"x": {"type": "int", "low": 0, "high": 9}})
+    handed = {trial_key({"x": v}) for v in range(9)}  # all but x = 9
+    got = make_searcher("random", space, seed=0).ask_many(3, exclude=KeyView(handed))
+    assert [p for p, _ in got] == [{"x": 9}]

@@ -8,7 +8,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 
 from .searchers import Searcher
-from .space import trial_key
+from .space import KeyView, trial_key
 
 
 class Prefetcher:
@@ -52,7 +52,8 @@ class Prefetcher:
                         tells, self.pending_tells = self.pending_tells, []
                         need = self.ahead - len(self.ready)
                         busy = list(self.busy.values()) + [p for p, _ in self.ready]
-                        exclude = self.known | {trial_key(p) for p, _ in self.ready}
+                        # live: the main thread's hand-outs join it as the batch is made
+                        exclude = KeyView(self.known, {trial_key(p) for p, _ in self.ready})
                         self.computing = need > 0 or bool(tells)
                     if tells:
                         self.searcher.tell_many(tells)

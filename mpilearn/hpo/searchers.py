@@ -21,7 +21,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from .space import Space, trial_key
+from .space import KeyView, Space, trial_key
 
 
 class Searcher:
@@ -80,7 +80,7 @@ class Searcher:
 class RandomSearcher(Searcher):
     def ask_many(self, n, pending=(), exclude=()):
         out = []
-        exclude = set(exclude)
+        exclude = KeyView(exclude)
         for _ in range(n):
             point = self._fresh(exclude)
             if point is None:
@@ -280,7 +280,7 @@ class GPSearcher(Searcher):
 
     # -- the two verbs -----------------------------------------------------------------------
     def ask_many(self, n, pending=(), exclude=()):
-        exclude = set(exclude)
+        exclude = KeyView(exclude)
         out = self._initial(n, exclude)
         if len(out) < n and len(self.y) >= 2:
             points = self._batch(n - len(out), list(pending) + [p for p, _ in out], exclude)
@@ -509,7 +509,7 @@ class ForestSearcher(Searcher):
 
     # -- the two verbs -----------------------------------------------------------------------
     def ask_many(self, n, pending=(), exclude=()):
-        exclude = set(exclude)
+        exclude = KeyView(exclude)
         out = self._initial(n, exclude)
         if self.error is not None:
             raise self.error
@@ -596,7 +596,7 @@ class EvolutionSearcher(Searcher):
 
     def ask_many(self, n, pending=(), exclude=()):
         out = []
-        exclude = set(exclude)
+        exclude = KeyView(exclude)
         for _ in range(n):
             for _ in range(100):
                 point, origin = self._one(len(pending) + len(out))

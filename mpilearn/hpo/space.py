@@ -207,3 +207,19 @@ def trial_key(point: Dict[str, Any]) -> str:
     text = json.dumps({k: (round(v, 12) if isinstance(v, float) else v) for k, v in sorted(point.items())},
                       sort_keys=True, default=str)
     return hashlib.sha1(text.encode()).hexdigest()[:12]
+
+
+class KeyView:
+    """The keys a batch must not return: a live view over the caller's sets plus the keys the
+    batch adds. A copy would cost O(keys) per batch: at 16 384 blocks the sweep's 160 000
+    keys took 8-16 ms a copy, twice a batch, holding the GIL, and the searcher thread fell
+    behind (59 % of requests queued for a model point, 28 % fallbacks)."""
+
+    def __init__(self, *bases):
+        self.bases, self.added = bases, set()
+
+    def __contains__(self, key) -> bool:
+        return key in self.added or any(key in base for base in self.bases)
+
+    def add(self, key) -> None:
+        self.added.add(key)
