@@ -200,6 +200,9 @@ def metrics(out, problem="hartmann6"):
     regret = np.minimum.accumulate([np.inf if t[2] is None else t[2] for t in trials]) \
         - PROBLEMS[problem][1]  # a failed trial (None) has no value
     busy, window = np.array(sim["busy_s"]), np.array(sim["window_s"])
+    # the least busy worker counts the survivors only: a block lost in its first trial did no
+    # busy time at all, and its 0 % would only say that it failed
+    alive = (window > 0) & ~np.isin(np.arange(len(window)), vanished(sim))
     lat, cpu = np.array(sim["latency_s"]), np.array(sim["decision_cpu_s"])
     queued = np.array(sim["queued"], dtype=bool)
     at_once, waited = lat[~queued], lat[queued]
@@ -209,10 +212,7 @@ def metrics(out, problem="hartmann6"):
             "failed_blocks": len(sim.get("lost", [])),
             "interrupted": sum(e["event"] == "interrupted" for e in journal),
             "lost_trials": budget - len(ended), "exact_budget": len(trials) == budget,
-            # the least busy worker that did not vanish: a block lost in its first trial did
-            # no busy time at all, and its 0 % would only say that it failed
-            "utilisation_min": float(np.min((busy / np.where(window > 0, window, 1))[
-                (window > 0) & ~np.isin(np.arange(len(window)), vanished(sim))])),
+            "utilisation_min": float(np.min(busy[alive] / window[alive])),
             "model_share": origins["model"] / post if post and origins["model"] else None,
             "origins": dict(origins), "trials": len(trials),
             "once": len(ended) == len(trials),

@@ -699,9 +699,9 @@ def choose(name: str, n_objectives: int = 1) -> str:
     """``search.searcher: auto``: evolution for several objectives (the only searcher of
     fronts), else gp at every size. Measured (docs/benchmarks/hpo.md): the GP's median regret is
     below the forest's at 1 024, 4 096 and 16 384 virtual workers on Hartmann-6 (0.0021 against
-    0.0053 over 5 seeds at 4 096; one GP seed at 16 384) and at 256-4 096 on the 3DGAN-shaped problem, and at 4 096 in
-    real time (one seed) it kept the blocks busier (99.22 % against 96.64 %, regret 0.0009 against
-    0.0094)."""
+    0.0053 over 5 seeds at 4 096; one GP seed at 16 384) and at 256-4 096 on the 3DGAN-shaped
+    problem, and at 4 096 in real time (one seed) it kept the blocks busier (99.22 % against
+    96.64 %, regret 0.0009 against 0.0094)."""
     if name != "auto":
         return name
     return "evolution" if n_objectives > 1 else "gp"
