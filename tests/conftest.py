@@ -28,14 +28,27 @@ def mpirun_cmd(np_, args):
 PMIX_START_FAILURE = "PMIx server's listener thread failed to start"
 
 
+@pytest.fixture(autouse=True)
+def no_left_behind_sessions():
+    """The suite kills launchers (kill -9) by design; their Open MPI session directories would
+    stop a later mpirun that gets the same pid (exit 213, ``cluster/sessiondir.py``). Before
+    every test, as ``mpilearn-run`` does before every launch."""
+    from mpilearn.cluster import sessiondir
+
+    sessiondir.remove_left_behind()
+
+
 def mpirun(np_, args, timeout=300, cwd=None, env=None):
     """Run ``python ARGS`` on np_ ranks; returns CompletedProcess (text)."""
+    from mpilearn.cluster import sessiondir
+
     start = time.monotonic()
     for attempt in range(2):
+        sessiondir.remove_left_behind()
         proc = subprocess.run(mpirun_cmd(np_, args), capture_output=True, text=True,
                               timeout=timeout, cwd=cwd or REPO, env={**ENV, **(env or {})})
-        # Open MPI's launcher sometimes fails to start on a loaded machine, before any rank
-        # runs: only that is run again
+        # a launcher another worker killed in between, whose pid this one got (the cleanup
+        # above came first): only that is run again, with a new pid
         if PMIX_START_FAILURE not in proc.stderr:
             break
     # Open MPI's output forwarding once put a NUL byte before a rank's line (CI of stop 51); a

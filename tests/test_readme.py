@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 from conftest import ENV, REPO
+from mpilearn.cluster import sessiondir
 
 BLOCK = re.compile(r"<!-- runnable -->\n```(bash|python)\n(.*?)```", re.S)
 PAGES = ["README.md", "docs/getting-started.md", "docs/guide/train.md", "docs/guide/model-files.md",
@@ -44,6 +45,7 @@ def test_the_readme_runnable_blocks_run_as_written(tmp_path):
         os.symlink(os.path.join(REPO, name), tmp_path / name)
     env = {**ENV, "PATH": os.path.dirname(sys.executable) + os.pathsep + ENV["PATH"]}
     for i, (page, lang, code) in enumerate(blocks, 1):
+        sessiondir.remove_left_behind()  # another test's killed launcher, as conftest.mpirun
         cmd = ["bash", "-euo", "pipefail", "-c", code] if lang == "bash" else [sys.executable, "-c", code]
         proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True,
                               timeout=900)

@@ -102,7 +102,10 @@ def build_command(np_: int, hosts: Optional[List[Tuple[str, int]]], command: Lis
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(
-        prog="mpilearn-run", description="Launch a command on N MPI ranks, like horovodrun.")
+        prog="mpilearn-run", description="Launch a command on N MPI ranks, like horovodrun. "
+        "With Open MPI it first removes the session directories ($TMPDIR/ompi.PID) of launchers "
+        "that were killed: one whose pid comes round again stops mpirun before any rank runs "
+        "(\"The PMIx server's listener thread failed to start\", exit 213).")
     parser.add_argument("-np", "--num-proc", dest="np", type=int, required=True,
                         help="ranks to start (one per GPU; horovodrun's -np)")
     parser.add_argument("-H", "--hosts", default=None,
@@ -456,7 +459,7 @@ def launch(cmd: List[str], open_mpi: bool, ranks: int = 1, aborted: Optional[lis
 
     from ..core import startup
     from ..core.comm import STATUS_ENV
-    from . import cause
+    from . import cause, sessiondir
     from .preempt import NOTE_ENV, REQUEUE_EXIT
     from .startwatch import StartWatch, host as this_host
 
@@ -466,6 +469,8 @@ def launch(cmd: List[str], open_mpi: bool, ranks: int = 1, aborted: Optional[lis
     os.close(fd)
     if open_mpi:  # the files' variables must be on the ranks: ``-x`` them (the others pass env)
         cmd = cmd[:1] + ["-x", NOTE_ENV, "-x", STATUS_ENV] + cmd[1:]
+        # a killed launcher's session, whose pid this one may get, would stop it (exit 213)
+        sessiondir.remove_left_behind()
     env = {**os.environ, NOTE_ENV: note, STATUS_ENV: status}
     # a background process group must not read the terminal (SIGTTIN would stop it)
     stdin = subprocess.DEVNULL if sys.stdin is not None and sys.stdin.isatty() else None
@@ -589,6 +594,9 @@ def launch(cmd: List[str], open_mpi: bool, ranks: int = 1, aborted: Optional[lis
     finally:
         for s, handler in saved.items():
             signal.signal(s, handler)
+        if open_mpi and child.returncode is not None and child.returncode < 0:
+            # killed (here or by anyone): its session is left, for a later launcher to trip on
+            sessiondir.remove_left_behind()
         for path in [note, status] + glob.glob(glob.escape(note) + ".*"):
             os.unlink(path)
         if os.path.exists(answer_path(note)):
