@@ -42,6 +42,7 @@ $(STAMP): pyproject.toml Makefile
 	touch $@
 
 demo: $(STAMP)
+	$(BIN)/python -m mpilearn.cluster.sessiondir  # a killed mpirun's session would stop this one
 	mpirun -np $(NP) --oversubscribe $(BIN)/python -m mpilearn.train --demo --output runs/demo --overwrite $(DEMO_ARGS)
 	@echo
 	@echo "Results: runs/demo (config.yaml, metrics.jsonl, checkpoints/, validation/, models/)"

@@ -56,3 +56,17 @@ def test_mpilearn_run_removes_the_session_of_a_launcher_killed_under_it(tmp_path
                          text=True, timeout=120, cwd=REPO)
     assert run.returncode == 128 + signal.SIGKILL, run.stderr
     assert os.listdir(tmp_path) == []
+
+
+def test_the_command_for_a_plain_mpirun_names_what_it_removed(tmp_path):
+    gone = subprocess.Popen(["true"])  # a pid that no longer runs
+    gone.wait()
+    (tmp_path / f"ompi.{gone.pid}").mkdir()
+    (tmp_path / f"ompi.{os.getpid()}").mkdir()  # a launcher that runs: kept
+    (tmp_path / "ompi.notapid").mkdir()
+    out = subprocess.run([sys.executable, "-m", "mpilearn.cluster.sessiondir"], cwd=REPO,
+                         env={**ENV, "TMPDIR": str(tmp_path)}, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == (f"removed {tmp_path}/ompi.{gone.pid}: the session of a killed Open "
+                          "MPI launcher\n")
+    assert sorted(os.listdir(tmp_path)) == sorted([f"ompi.{os.getpid()}", "ompi.notapid"])

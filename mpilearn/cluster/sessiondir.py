@@ -69,3 +69,15 @@ def remove_left_behind(env: Mapping[str, str] = os.environ,
         if mine and os.path.isdir(path) and not running(int(pid)) and remove(path):
             removed.append(path)
     return removed
+
+
+def main() -> int:
+    """``python -m mpilearn.cluster.sessiondir``: what ``mpilearn-run`` does before a launch,
+    for a plain ``mpirun`` (``make demo`` runs it first)."""
+    for path in remove_left_behind():
+        print(f"removed {path}: the session of a killed Open MPI launcher")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
