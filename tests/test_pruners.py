@@ -101,3 +101,12 @@ def test_bad_pruner_options_name_the_option():
         make_pruner("asha", reduction_factor=1)
     with pytest.raises(UsageError, match="search.pruner is 'medain'"):
         make_pruner("medain")
+
+
+@pytest.mark.parametrize("name", ["none", "median", "asha", "hyperband"])
+def test_a_trial_completed_twice_counts_once_in_its_order(name):
+    """A resumed sweep replays its journal's completions, and one may come again live."""
+    pruner = make_pruner(name)
+    for t in (3, 1, 3, 2, 1):
+        pruner.complete(t)
+    assert pruner.completed == [3, 1, 2]

@@ -39,13 +39,15 @@ class Pruner:
         self.maximize = direction == "maximize"
         self.values: Dict[int, Dict[int, float]] = {}   # trial -> step -> value
         self.completed: List[int] = []
+        self._completed = set()  # the same, to look up: a list's scan grew with the sweep
 
     def report(self, trial: int, step: int, value: float) -> bool:
         self.values.setdefault(trial, {})[int(step)] = float(value)
         return self.decide(trial, int(step))
 
     def complete(self, trial: int) -> None:
-        if trial not in self.completed:
+        if trial not in self._completed:
+            self._completed.add(trial)
             self.completed.append(trial)
 
     def decide(self, trial: int, step: int) -> bool:
