@@ -65,4 +65,40 @@ def test_the_launchers_reports_are_read_and_oom_kills_named():
     line = cause.describe(prte, 137, 4, 5)
     assert "the kernel's OOM killer ended 1 process(es)" in line
     assert "OOM killer ended" not in cause.describe(prte, 137, 4, 4)
+    assert line.endswith("the other ranks were stopped because of it")
+    alone = cause.describe(prte, 137, 4, 4, ranks=1)  # a job of one rank has no others
+    assert "other ranks" not in alone and alone.endswith("another node's is not)")
     assert cause.oom_kills() is None or cause.oom_kills() >= 0
+    assert cause.crashed(prte) == cause.first_failure(prte)
+    assert cause.crashed("[vm:08244] *** Process received signal ***\n[vm:08244] Signal: "
+                         "Segmentation fault (11)\n") == "pid 8244 on host vm: killed by SIGSEGV"
+    assert cause.crashed(srun) is None
+
+
+def test_a_job_stuck_after_its_end_is_ended_with_the_run_status_and_the_crash_named(tmp_path):
+    """Rank 0 recorded the end, a rank then crashed and the other waits for good (as in
+    MPI_Finalize): mpilearn-run ends the launcher MPILEARN_END_GRACE seconds later, names the
+    crash, and exits with the run's own status, not a hang."""
+    cmd = [sys.executable, "-m", "mpilearn.run", "-np", "2", "--min-np", "1",
+           "--mpi-args=--oversubscribe", sys.executable,
+           os.path.join(TESTS, "scripts", "stuck_after_end.py")]
+    start = time.monotonic()
+    proc = subprocess.run(cmd, cwd=REPO, env={**ENV, "MPILEARN_END_GRACE": "3"},
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert " --with-ft ulfm " in proc.stderr  # where a crash does not end the job by itself
+    (line,) = [l for l in proc.stderr.splitlines() if "has not exited" in l]
+    assert line.startswith("mpilearn-run: the job finished (rank 0's status 0) and its "
+                           "launcher has not exited 3 s later: ranks stuck in MPI_Finalize "
+                           "after pid "), line  # the rank's own report: the launcher has none yet
+    assert "killed by SIGSEGV; everything was written; ending it" in line, line
+    assert time.monotonic() - start < 60
+    assert not [p for p in os.listdir("/proc") if p.isdigit() and _runs(p, "stuck_after_end")]
+
+
+def _runs(pid: str, marker: str) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return marker.encode() in f.read()
+    except OSError:
+        return False

@@ -25,6 +25,10 @@ PRTE_EXIT = re.compile(r"Process name:\s+\[\S+?,(\d+)\]\s+Exit code:\s+(\d+)")
 SRUN = re.compile(r"srun: error: (\S+): tasks? (\d+)(?:-\d+)?: (Killed|Exited with exit code "
                   r"(\d+)|[A-Z][A-Za-z ]+)")
 
+# a rank's own report (Open MPI's signal handler), printed as it crashes, where the launcher
+# prints nothing yet (--with-ft ulfm): [vm:08244] Signal: Segmentation fault (11)
+CRASH = re.compile(r"\[([^:\]\s]+):0*(\d+)\] Signal: [^(\n]+\((\d+)\)")
+
 OOM_FILES = ("/sys/fs/cgroup/memory.events",              # cgroup v2
              "/sys/fs/cgroup/memory/memory.oom_control")  # cgroup v1
 
@@ -80,10 +84,24 @@ def first_failure(text: str) -> Optional[str]:
     return None
 
 
+def crashed(text: str) -> Optional[str]:
+    """'rank R on host H (pid P): killed by SIGSEGV' from the launcher's report, else
+    'pid P on host H: killed by SIGSEGV' from the first crash a rank reported itself; None
+    where neither is there."""
+    found = PRTE_SIGNAL.search(text)
+    if found:
+        return first_failure(text)
+    found = CRASH.search(text)
+    if found:
+        host, pid, num = found.groups()
+        return f"pid {pid} on host {host}: killed by {signal_name(int(num))}"
+    return None
+
+
 def describe(text: str, rc: int, oom_before: Optional[int], oom_after: Optional[int],
-             during: Optional[Callable[[int], Optional[str]]] = None) -> str:
-    """The one line for a job that ended with status ``rc`` (not 0, 2 or 75); ``during(rank)``:
-    the start-up phase the failed rank was in, where it was starting."""
+             during: Optional[Callable[[int], Optional[str]]] = None, ranks: int = 2) -> str:
+    """The one line for a job of ``ranks`` ranks that ended with status ``rc`` (not 0, 2 or
+    75); ``during(rank)``: the start-up phase the failed rank was in, where it was starting."""
     who = first_failure(text)
     oom = oom_before is not None and oom_after is not None and oom_after > oom_before
     rank = re.match(r"rank (\d+)", who or "")
@@ -97,8 +115,8 @@ def describe(text: str, rc: int, oom_before: Optional[int], oom_after: Optional[
         parts.append("no OOM kill recorded where this machine can see (the memory cgroup; "
                      "another node's is not)" if oom_after is not None else
                      "SIGKILL: the OOM killer, a kill -9, or a scheduler's kill")
-    return "mpilearn-run: the job ended: " + "; ".join(parts) + \
-        "; the other ranks were stopped because of it"
+    others = "; the other ranks were stopped because of it" if ranks > 1 else ""
+    return "mpilearn-run: the job ended: " + "; ".join(parts) + others
 
 
 class Scanner:

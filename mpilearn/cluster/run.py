@@ -405,6 +405,10 @@ READY_WAIT = 10.0  # seconds a stop signal waits for ranks not yet seen listenin
 # seconds the launcher may go on after a rank recorded an abort: Open MPI 5 with --with-ft ulfm
 # was seen to hang for good once every rank had called MPI_Abort (and to ignore SIGTERM)
 ABORT_GRACE = float(os.environ.get("MPILEARN_ABORT_GRACE", "10"))
+# seconds the launcher may go on after rank 0 of an elastic job recorded its end (everything is
+# written by then): a grown job whose rank crashed in MPI_Finalize (Open MPI 5.0 with
+# --with-ft ulfm, SIGSEGV) left the others waiting there for good
+END_GRACE = float(os.environ.get("MPILEARN_END_GRACE", "60"))
 
 
 def _ended_with_this_process() -> None:
@@ -507,6 +511,7 @@ def launch(cmd: List[str], open_mpi: bool, ranks: int = 1, aborted: Optional[lis
     # SIGHUP too: the launcher's own session no longer hears a closing terminal
     saved = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     aborted_at, killed, ended_here = None, False, None
+    ended_at, stuck_after_end = None, False
 
     def end_job(line: str) -> None:
         """Ends the job from here: this machine's ranks (each in its own process group: a
@@ -562,6 +567,16 @@ def launch(cmd: List[str], open_mpi: bool, ranks: int = 1, aborted: Optional[lis
                 child.wait()
                 killed = True
                 break
+            if ended_at is None and os.path.getsize(status) and ended_status(status) is not None:
+                ended_at = time.monotonic()
+            elif ended_at is not None and time.monotonic() - ended_at > END_GRACE:
+                who = cause.crashed(scanner.text(wait=0))
+                end_job(f"mpilearn-run: the job finished (rank 0's status "
+                        f"{ended_status(status)}) and its launcher has not exited "
+                        f"{END_GRACE:g} s later: ranks stuck in MPI_Finalize"
+                        f"{' after ' + who if who else ''}; everything was written; ending it")
+                stuck_after_end = True
+                break
             listening = len(glob.glob(glob.escape(note) + ".*")) >= ranks
             if growth is not None and not seen and not held and listening:
                 # grown in process (rank 0 answered in the note), or the ranks are asked to
@@ -604,6 +619,8 @@ def launch(cmd: List[str], open_mpi: bool, ranks: int = 1, aborted: Optional[lis
     rc = 128 - rc if rc < 0 else rc
     if killed:  # the status is the ranks' record, not the SIGKILL's
         rc = 0
+    if stuck_after_end:  # the run's own status: it had finished
+        return ended
     rc = honest_status(rc, recorded)
     if ended_here is not None or (not seen and rc not in (0, REQUEUE_EXIT) and any(
             n.startswith(startup.GAVE_UP) for n in relaunches_asked_list)):
@@ -630,7 +647,7 @@ def launch(cmd: List[str], open_mpi: bool, ranks: int = 1, aborted: Optional[lis
     # mpilearn's own statuses already have theirs (a traceback, bad input, the watchdog)
     if not seen and (rc not in KNOWN_EXITS or cause.first_failure(report)):
         sys.stderr.write(cause.describe(report, rc, oom_before, cause.oom_kills(),
-                                        during=watch.during) + "\n")
+                                        during=watch.during, ranks=ranks) + "\n")
     return rc
 
 
