@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import os
 import shutil
-from typing import List, Mapping, Optional
+from typing import List, Mapping
+
+from ..core.runlock import pid_alive
 
 PREFIX = "ompi."
 
@@ -23,16 +25,6 @@ def tmp_base(env: Mapping[str, str] = os.environ) -> str:
         if env.get(name):
             return env[name]
     return "/tmp"
-
-
-def running(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
 
 
 def remove(path: str) -> bool:
@@ -47,11 +39,10 @@ def remove(path: str) -> bool:
     return True
 
 
-def remove_left_behind(env: Mapping[str, str] = os.environ,
-                       base: Optional[str] = None) -> List[str]:
-    """The session directories under ``base`` (default :func:`tmp_base`) that are this user's
-    and whose launcher no longer runs: removed. Returns their paths."""
-    base = base or tmp_base(env)
+def remove_left_behind(env: Mapping[str, str] = os.environ) -> List[str]:
+    """The session directories under :func:`tmp_base` that are this user's and whose launcher
+    no longer runs (gone, or a zombie not yet reaped): removed. Returns their paths."""
+    base = tmp_base(env)
     try:
         names = os.listdir(base)
     except OSError:
@@ -66,7 +57,7 @@ def remove_left_behind(env: Mapping[str, str] = os.environ,
             mine = os.stat(path).st_uid == os.getuid()
         except OSError:
             continue
-        if mine and os.path.isdir(path) and not running(int(pid)) and remove(path):
+        if mine and os.path.isdir(path) and not pid_alive(pid) and remove(path):
             removed.append(path)
     return removed
 

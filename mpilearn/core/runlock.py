@@ -80,7 +80,7 @@ def _read(path: str):
     return holder, age
 
 
-def _pid_alive(pid) -> bool:
+def pid_alive(pid) -> bool:
     """A zombie is not alive: a rank killed by its launcher (MPICH's Hydra, after an MPI_Abort)
     stays one until PID 1 reaps it, seconds later in a container, and its lock would refuse
     the relaunch as a second writer."""
@@ -116,7 +116,7 @@ def why_gone(holder: dict, age: float, me: dict) -> Optional[str]:
         if job_runs is False:
             return f"its SLURM job {holder['slurm_job']} no longer runs"
     if same_host and holder.get("pid") is not None:
-        if not _pid_alive(holder["pid"]):
+        if not pid_alive(holder["pid"]):
             return f"its process {holder['pid']} on {me['host']} is gone"
         return None  # alive here: maybe hung, but alive (--force-unlock)
     if age > stale_after() and not job_runs:
