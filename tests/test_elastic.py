@@ -11,7 +11,8 @@ import sys
 import pytest
 import torch
 
-from conftest import ENV, PMIX_START_FAILURE, REPO, TESTS, mpirun, shared, train_args
+from conftest import (ENV, PMIX_START_FAILURE, REPO, TESTS, mpirun, shared, train_args,
+                      wait_until_gone)
 from mpilearn.train import checkpoint as ckpt
 
 KILL_AFTER = 20  # applied steps before the victim dies (even: the rest fills np=2's batches)
@@ -249,6 +250,32 @@ def test_growth_from_2_to_3_ranks_spawned_in_process(toy_file, tmp_path, grow_re
     assert launch["spawned"] == [2] and launch["lost"] == [] and len(launch["devices"]) == 3
     assert 0 < launch["launched_s"][2] < min(launch["launched_s"][:2]), launch
     assert_every_event_once_equal_to(out, grow_replay)
+
+
+def test_a_newcomer_that_hangs_before_it_joins_is_ended_by_the_watchdog(toy_file, tmp_path):
+    """The spawned rank hangs as it builds its model: the two ranks waiting for it in the
+    growth are watched as in a step, and the watchdog ends the job (124, its line) instead of
+    the job waiting for good (ULFM does not report a spawned process's failure)."""
+    hosts = tmp_path / "hosts"
+    hosts.write_text("localhost:2\n")
+    script = tmp_path / "discover.sh"
+    script.write_text(f"#!/bin/sh\ncat {hosts}\n")
+    script.chmod(0o755)
+    proc = subprocess.run(
+        [sys.executable, "-m", "mpilearn.run", "-np", "2", "--min-np", "2", "--max-np", "3",
+         "--host-discovery-script", str(script), sys.executable,
+         *args(toy_file, str(tmp_path / "run"), *ONE_EPOCH, "--set", "train.watchdog.floor_s=20")],
+        capture_output=True, text=True, timeout=240, cwd=REPO,
+        env={**ENV, "MPILEARN_DISCOVERY_INTERVAL": "0.5", "MPILEARN_TEST_HANG_SPAWNED": "1",
+             "MPILEARN_TEST_GROW": f"{GROW_AT}:{hosts}:localhost:3"})
+    assert proc.returncode == 124, proc.stderr[-3000:]
+    assert re.search(r"mpilearn: watchdog: rank [01] on \S+ made no progress for \d+ s \(limit "
+                     r"20 s\): waiting in a collective at allreduce_int \(\S+membership\.py:",
+                     proc.stderr), proc.stderr[-3000:]
+    # the launcher did not end the grown job after the abort: mpilearn-run did, the spawned
+    # rank (its own process group) with it
+    assert "the launcher has not ended the job 10 s later; killing it" in proc.stderr
+    wait_until_gone(tmp_path, timeout=10)
 
 
 def test_growth_falls_back_to_a_relaunch_where_the_ranks_cannot_spawn(toy_file, tmp_path,

@@ -465,7 +465,7 @@ def launch(cmd: List[str], open_mpi: bool, ranks: int = 1, aborted: Optional[lis
     from ..core.comm import STATUS_ENV
     from . import cause, sessiondir
     from .preempt import NOTE_ENV, REQUEUE_EXIT
-    from .startwatch import StartWatch, host as this_host
+    from .startwatch import StartWatch, descendants, host as this_host
 
     fd, note = tempfile.mkstemp(prefix="mpilearn-run-", suffix=".signal")
     os.close(fd)
@@ -515,11 +515,12 @@ def launch(cmd: List[str], open_mpi: bool, ranks: int = 1, aborted: Optional[lis
 
     def end_job(line: str) -> None:
         """Ends the job from here: this machine's ranks (each in its own process group: a
-        rank waiting in MPI_Init would outlive its launcher), then the launcher (its daemons
-        elsewhere end their ranks when it is gone)."""
+        rank waiting in MPI_Init would outlive its launcher; so would a rank the job spawned,
+        seen as the launcher's descendant), then the launcher (its daemons elsewhere end their
+        ranks when it is gone)."""
         sys.stderr.write(line + "\n")
         sys.stderr.flush()
-        for pid in watch.local_pids():
+        for pid in set(watch.local_pids()) | set(descendants(child.pid)):
             try:
                 os.kill(pid, signal.SIGKILL)
             except OSError:
@@ -560,11 +561,8 @@ def launch(cmd: List[str], open_mpi: bool, ranks: int = 1, aborted: Optional[lis
             if aborted_at is None and os.path.getsize(status) and aborted_ranks(status):
                 aborted_at = time.monotonic()
             elif aborted_at is not None and time.monotonic() - aborted_at > ABORT_GRACE:
-                sys.stderr.write(f"mpilearn-run: a rank aborted and the launcher has not ended "
-                                 f"the job {ABORT_GRACE:g} s later; killing it\n")
-                sys.stderr.flush()
-                os.killpg(child.pid, signal.SIGKILL)
-                child.wait()
+                end_job(f"mpilearn-run: a rank aborted and the launcher has not ended the job "
+                        f"{ABORT_GRACE:g} s later; killing it")
                 killed = True
                 break
             if ended_at is None and os.path.getsize(status) and ended_status(status) is not None:

@@ -43,6 +43,15 @@ def children(pid: int) -> List[int]:
     return out
 
 
+def descendants(pid: int) -> List[int]:
+    """Every process below ``pid`` (its children, theirs, ...)."""
+    out, todo = [], children(pid)
+    while todo:
+        out += todo
+        todo = [c for p in todo for c in children(p)]
+    return out
+
+
 def rank_of(pid: int) -> Optional[int]:
     """The MPI rank in ``pid``'s environment (None: not a rank, not yet, or spawned later by
     the job: those are the job's to count, not its start-up's)."""

@@ -216,7 +216,7 @@ class Membership:
         the newcomers; ``seconds``: since ``started`` (a perf_counter) until all are here."""
         MPI = mcomm.mpi()
         merged.Set_errhandler(MPI.ERRORS_RETURN)
-        old_size = merged.allreduce(0 if newcomer else 1)
+        old_size = allreduce_int(merged, 0 if newcomer else 1)
         seconds = time.perf_counter() - started if started is not None else 0.0
         old_rank = -1 if newcomer else self.comm.Get_rank()
         self.hosts = merged.allgather(socket.gethostname())
@@ -233,7 +233,18 @@ class Membership:
     def agree_min(self, value: int) -> int:
         """Collective on the new communicator: the smallest ``value`` of the survivors (the last
         step every survivor applied). A rank lost meanwhile surfaces as MPI.Exception."""
-        return int(self.comm.allreduce(int(value), op=mcomm.mpi().MIN))
+        return allreduce_int(self.comm, value, mcomm.mpi().MIN)
+
+
+def allreduce_int(comm, value: int, op=None) -> int:
+    """``comm.allreduce(value, op)`` of one int through a buffer: mpi4py's object allreduce
+    holds the GIL while it waits (4.1, measured), so no other thread of the rank, the
+    watchdog's included, would run until a late or hung peer arrives."""
+    import numpy as np
+
+    buf = np.array([int(value)], dtype=np.int64)
+    comm.Allreduce(mcomm.mpi().IN_PLACE, buf, op=op or mcomm.mpi().SUM)
+    return int(buf[0])
 
 
 def lost_beneath(comm) -> bool:

@@ -12,6 +12,7 @@ not the ranks that waited for it. Configured by ``train.watchdog`` (``core/confi
 from __future__ import annotations
 
 import collections
+import contextlib
 import faulthandler
 import os
 import socket
@@ -28,6 +29,7 @@ WATCHDOG_EXIT = 124  # as timeout(1): the job ran past a bound; a batch script r
 COLLECTIVE_FILES = (os.sep + os.path.join("mpilearn", "allreduce") + os.sep,
                     os.path.join("mpilearn", "train", "stops.py"),
                     os.path.join("mpilearn", "core", "comm.py"),
+                    os.path.join("mpilearn", "core", "membership.py"),
                     os.path.join("torch", "distributed") + os.sep, "mpi4py")
 
 
@@ -147,8 +149,24 @@ def end_job(line: str) -> None:
     if "mpi4py.MPI" in sys.modules:
         world = sys.modules["mpi4py.MPI"].COMM_WORLD
         if world.Get_size() > 1:
-            world.Abort(WATCHDOG_EXIT)
+            from . import comm
+
+            # recorded for mpilearn-run: Open MPI 5 under --with-ft ulfm was seen not to end a
+            # grown job after this abort; mpilearn-run ends it ABORT_GRACE seconds later
+            comm.abort(world, WATCHDOG_EXIT, "watchdog: no progress")
     os._exit(WATCHDOG_EXIT)
+
+
+@contextlib.contextmanager
+def watching(dog: Optional[Watchdog]):
+    """The block is watched as a step is (``dog`` None: not watched)."""
+    if dog is not None:
+        dog.arm()
+    try:
+        yield
+    finally:
+        if dog is not None:
+            dog.pause()
 
 
 def from_config(train: dict, rank: int, run_dir: str) -> Optional[Watchdog]:

@@ -544,16 +544,20 @@ class Trainer:
 
         start = time.perf_counter()
         count = growing.ranks - self.ctx.size
-        try:
-            merged = membership.spawn(self.ctx.comm, count, self.spawn_command, growing.hosts)
-        except mcomm.mpi().Exception as err:
-            raise preempt.Preempted(f"{growing.reason}; spawning {count} rank(s) failed "
-                                    f"({err.Get_error_string()}): relaunching") from None
-        self.snapshots.maybe_take(self, force=True)
-        snap = self.snapshots.kept[-1]
-        merged.bcast(elastic.Joining(self.config, self.plan, snap, self.spawn_command)
-                     if self.ctx.rank == 0 else None, root=0)
-        self._join(merged, snap, newcomer=False, started=start)
+        # watched as a step: a newcomer that dies or hangs before it joins (ULFM does not
+        # see a spawned process fail: open-mpi/ompi#13325) would leave the job waiting here
+        with watchdog.watching(self.watchdog):
+            try:
+                merged = membership.spawn(self.ctx.comm, count, self.spawn_command,
+                                          growing.hosts)
+            except mcomm.mpi().Exception as err:
+                raise preempt.Preempted(f"{growing.reason}; spawning {count} rank(s) failed "
+                                        f"({err.Get_error_string()}): relaunching") from None
+            self.snapshots.maybe_take(self, force=True)
+            snap = self.snapshots.kept[-1]
+            merged.bcast(elastic.Joining(self.config, self.plan, snap, self.spawn_command)
+                         if self.ctx.rank == 0 else None, root=0)
+            self._join(merged, snap, newcomer=False, started=start)
         preempt.reset()  # the launcher's SIGUSR1 asked for this growth, not for a stop
 
     @classmethod

@@ -16,7 +16,9 @@ loss, as its task is rebound to the shrunk communicator (before the agreement on
 ``MPILEARN_TEST_SLOW=R:S:SECONDS``: world rank R's steps from its step S on take SECONDS more.
 ``MPILEARN_TEST_GROW=S:FILE:TEXT``: after step S, world rank 0 writes TEXT (a discovery
 script's answer) to FILE, if it holds anything else, and waits for the stop signal that
-mpilearn-run sends when it sees the new hosts: the growth lands on step S. Environment, not
+mpilearn-run sends when it sees the new hosts: the growth lands on step S.
+``MPILEARN_TEST_HANG_SPAWNED=1``: a rank that joined by a growth hangs as it builds the model
+(after the merge, before it joins the job's step). Environment, not
 hparams: the runs compared keep one config."""
 import faulthandler
 import os
@@ -61,6 +63,8 @@ def arm(task):
         if once:  # the relaunch starts whole
             open(once, "w").close()
         os.kill(os.getpid(), signal.SIGKILL)
+    if os.environ.get("MPILEARN_TEST_HANG_SPAWNED") == "1" and membership.spawned():
+        time.sleep(3600)
     if str(world_rank) in os.environ.get("MPILEARN_TEST_KILL_IN_RECOVERY", "").split(","):
         plain_rebind = task.rebind
 
