@@ -264,11 +264,13 @@ def test_a_newcomer_that_hangs_before_it_joins_is_ended_by_the_watchdog(toy_file
     proc = subprocess.run(
         [sys.executable, "-m", "mpilearn.run", "-np", "2", "--min-np", "2", "--max-np", "3",
          "--host-discovery-script", str(script), sys.executable,
-         *args(toy_file, str(tmp_path / "run"), *ONE_EPOCH, "--set", "train.watchdog.floor_s=20")],
+         *args(toy_file, str(tmp_path / "run"), *ONE_EPOCH, "--set", "train.watchdog.floor_s=10",
+              "--set", "train.watchdog.factor=2")],
         capture_output=True, text=True, timeout=240, cwd=REPO,
         env={**ENV, "MPILEARN_DISCOVERY_INTERVAL": "0.5", "MPILEARN_TEST_HANG_SPAWNED": "1",
              "MPILEARN_TEST_GROW": f"{GROW_AT}:{hosts}:localhost:3"})
     assert proc.returncode == 124, proc.stderr[-3000:]
+    # a growth gets a start-up's patience: factor x floor = 20 s, not the steps' 10 s
     assert re.search(r"mpilearn: watchdog: rank [01] on \S+ made no progress for \d+ s \(limit "
                      r"20 s\): waiting in a collective at allreduce_int \(\S+membership\.py:",
                      proc.stderr), proc.stderr[-3000:]

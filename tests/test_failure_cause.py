@@ -89,7 +89,7 @@ def test_a_job_stuck_after_its_end_is_ended_with_the_run_status_and_the_crash_na
     assert " --with-ft ulfm " in proc.stderr  # where a crash does not end the job by itself
     (line,) = [l for l in proc.stderr.splitlines() if "has not exited" in l]
     assert line.startswith("mpilearn-run: the job finished (rank 0's status 0) and its "
-                           "launcher has not exited 3 s later: ranks stuck in MPI_Finalize "
+                           "launcher has not exited 3 s later: ranks stuck in their exit (MPI_Finalize) "
                            "after pid "), line  # the rank's own report: the launcher has none yet
     assert "killed by SIGSEGV; everything was written; ending it" in line, line
     assert time.monotonic() - start < 60

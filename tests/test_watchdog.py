@@ -9,7 +9,7 @@ import time
 import pytest
 
 from conftest import ENV, REPO, TESTS, mpirun, mpirun_cmd, train_args, wait_until_gone
-from mpilearn.core.watchdog import WATCHDOG_EXIT, Watchdog
+from mpilearn.core.watchdog import WATCHDOG_EXIT, Watchdog, watching
 from mpilearn.errors import UsageError
 from mpilearn.train.checks import check_watchdog
 
@@ -65,6 +65,9 @@ def test_the_limit_is_the_floor_or_factor_times_the_median_step(tmp_path):
     assert dog.limit() == 2.0
     dog.steps.extend([0.5, 0.5])
     assert dog.limit() == 5.0
+    with watching(dog):  # a growth: a spawned rank starts as a job does
+        assert dog.armed and dog.limit() == 20.0
+    assert not dog.armed and dog.limit() == 5.0
 
 
 def test_a_beat_costs_under_a_microsecond_or_two(tmp_path):

@@ -571,7 +571,7 @@ def launch(cmd: List[str], open_mpi: bool, ranks: int = 1, aborted: Optional[lis
                 who = cause.crashed(scanner.text(wait=0))
                 end_job(f"mpilearn-run: the job finished (rank 0's status "
                         f"{ended_status(status)}) and its launcher has not exited "
-                        f"{END_GRACE:g} s later: ranks stuck in MPI_Finalize"
+                        f"{END_GRACE:g} s later: ranks stuck in their exit (MPI_Finalize)"
                         f"{' after ' + who if who else ''}; everything was written; ending it")
                 stuck_after_end = True
                 break
@@ -617,8 +617,9 @@ def launch(cmd: List[str], open_mpi: bool, ranks: int = 1, aborted: Optional[lis
     rc = 128 - rc if rc < 0 else rc
     if killed:  # the status is the ranks' record, not the SIGKILL's
         rc = 0
-    if stuck_after_end:  # the run's own status: it had finished
-        return ended
+    if stuck_after_end:  # the run's own status: it had finished (unless a rank aborted)
+        scanner.text()  # the launcher's last words first
+        return honest_status(ended, recorded)
     rc = honest_status(rc, recorded)
     if ended_here is not None or (not seen and rc not in (0, REQUEUE_EXIT) and any(
             n.startswith(startup.GAVE_UP) for n in relaunches_asked_list)):

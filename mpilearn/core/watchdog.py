@@ -52,6 +52,7 @@ class Watchdog:
         self.steps = collections.deque(maxlen=self.KEEP)
         self.last = time.monotonic()
         self.armed = False
+        self.patient = False  # watching a start-up's kind of work: factor x floor
         self._done = threading.Event()
         self._main = threading.main_thread().ident
         self._thread: Optional[threading.Thread] = None
@@ -83,8 +84,8 @@ class Watchdog:
         """Seconds without a beat that mean stuck. Before the first step is measured, factor x
         floor: a first step also compiles (torch.compile) and warms the caches up."""
         steps = list(self.steps)
-        return max(self.floor_s, self.factor * statistics.median(steps)) if steps \
-            else self.factor * self.floor_s
+        return max(self.floor_s, self.factor * statistics.median(steps)) \
+            if steps and not self.patient else self.factor * self.floor_s
 
     def grace(self, limit: float) -> float:
         return max(1.0, 0.5 * limit)
@@ -147,26 +148,32 @@ def end_job(line: str) -> None:
     except OSError:
         pass
     if "mpi4py.MPI" in sys.modules:
-        world = sys.modules["mpi4py.MPI"].COMM_WORLD
-        if world.Get_size() > 1:
-            from . import comm
+        from . import comm, membership
 
+        # the job's communicator: one that grew from a single rank has a world of one
+        elastic = membership.current()
+        job = elastic.comm if elastic is not None else sys.modules["mpi4py.MPI"].COMM_WORLD
+        if job.Get_size() > 1:
             # recorded for mpilearn-run: Open MPI 5 under --with-ft ulfm was seen not to end a
             # grown job after this abort; mpilearn-run ends it ABORT_GRACE seconds later
-            comm.abort(world, WATCHDOG_EXIT, "watchdog: no progress")
+            comm.abort(job, WATCHDOG_EXIT, "watchdog: no progress")
     os._exit(WATCHDOG_EXIT)
 
 
 @contextlib.contextmanager
 def watching(dog: Optional[Watchdog]):
-    """The block is watched as a step is (``dog`` None: not watched)."""
+    """The block is watched with a start-up's patience (factor x floor: a spawned rank starts
+    Python, MPI and torch; a slow spawn that fails still ends as it did); ``dog`` None: not
+    watched."""
     if dog is not None:
+        dog.patient = True
         dog.arm()
     try:
         yield
     finally:
         if dog is not None:
             dog.pause()
+            dog.patient = False
 
 
 def from_config(train: dict, rank: int, run_dir: str) -> Optional[Watchdog]:
