@@ -198,7 +198,7 @@ def grow_replay(toy_file, tmp_path_factory):
                            *ONE_EPOCH)
 
 
-def grow_run(toy_file, tmp_path, env=None):
+def run_growing(toy_file, tmp_path, *extra, env=None, timeout=300):
     """mpilearn-run -np 2 --max-np 3 with a discovery script that offers a third slot after
     GROW_AT steps (the model file rewrites it, MPILEARN_TEST_GROW)."""
     hosts = tmp_path / "hosts"
@@ -206,14 +206,19 @@ def grow_run(toy_file, tmp_path, env=None):
     script = tmp_path / "discover.sh"
     script.write_text(f"#!/bin/sh\ncat {hosts}\n")
     script.chmod(0o755)
-    out = str(tmp_path / "run")
-    proc = subprocess.run(
+    return subprocess.run(
         [sys.executable, "-m", "mpilearn.run", "-np", "2", "--min-np", "2", "--max-np", "3",
          "--host-discovery-script", str(script), sys.executable,
-         *args(toy_file, out, *ONE_EPOCH)],
-        capture_output=True, text=True, timeout=300, cwd=REPO,
+         *args(toy_file, str(tmp_path / "run"), *ONE_EPOCH, *extra)],
+        capture_output=True, text=True, timeout=timeout, cwd=REPO,
         env={**ENV, "MPILEARN_DISCOVERY_INTERVAL": "0.5",
              "MPILEARN_TEST_GROW": f"{GROW_AT}:{hosts}:localhost:3", **(env or {})})
+
+
+def grow_run(toy_file, tmp_path, env=None):
+    """:func:`run_growing`, which must succeed and record the growth at step GROW_AT."""
+    out = str(tmp_path / "run")
+    proc = run_growing(toy_file, tmp_path, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert " --with-ft ulfm " in proc.stderr  # the ULFM mode (its command line)
     records = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
@@ -256,19 +261,9 @@ def test_a_newcomer_that_hangs_before_it_joins_is_ended_by_the_watchdog(toy_file
     """The spawned rank hangs as it builds its model: the two ranks waiting for it in the
     growth are watched as in a step, and the watchdog ends the job (124, its line) instead of
     the job waiting for good (ULFM does not report a spawned process's failure)."""
-    hosts = tmp_path / "hosts"
-    hosts.write_text("localhost:2\n")
-    script = tmp_path / "discover.sh"
-    script.write_text(f"#!/bin/sh\ncat {hosts}\n")
-    script.chmod(0o755)
-    proc = subprocess.run(
-        [sys.executable, "-m", "mpilearn.run", "-np", "2", "--min-np", "2", "--max-np", "3",
-         "--host-discovery-script", str(script), sys.executable,
-         *args(toy_file, str(tmp_path / "run"), *ONE_EPOCH, "--set", "train.watchdog.floor_s=10",
-              "--set", "train.watchdog.factor=2")],
-        capture_output=True, text=True, timeout=240, cwd=REPO,
-        env={**ENV, "MPILEARN_DISCOVERY_INTERVAL": "0.5", "MPILEARN_TEST_HANG_SPAWNED": "1",
-             "MPILEARN_TEST_GROW": f"{GROW_AT}:{hosts}:localhost:3"})
+    proc = run_growing(toy_file, tmp_path, "--set", "train.watchdog.floor_s=10",
+                       "--set", "train.watchdog.factor=2",
+                       env={"MPILEARN_TEST_HANG_SPAWNED": "1"}, timeout=240)
     assert proc.returncode == 124, proc.stderr[-3000:]
     # a growth gets a start-up's patience: factor x floor = 20 s, not the steps' 10 s
     assert re.search(r"mpilearn: watchdog: rank [01] on \S+ made no progress for \d+ s \(limit "

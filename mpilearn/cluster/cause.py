@@ -88,8 +88,7 @@ def crashed(text: str) -> Optional[str]:
     """'rank R on host H (pid P): killed by SIGSEGV' from the launcher's report, else
     'pid P on host H: killed by SIGSEGV' from the first crash a rank reported itself; None
     where neither is there."""
-    found = PRTE_SIGNAL.search(text)
-    if found:
+    if PRTE_SIGNAL.search(text):
         return first_failure(text)
     found = CRASH.search(text)
     if found:

@@ -511,7 +511,7 @@ def launch(cmd: List[str], open_mpi: bool, ranks: int = 1, aborted: Optional[lis
     # SIGHUP too: the launcher's own session no longer hears a closing terminal
     saved = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     aborted_at, killed, ended_here = None, False, None
-    ended_at, stuck_after_end = None, False
+    status_size, end_code, ended_at, stuck_after_end = 0, None, 0.0, False
 
     def end_job(line: str) -> None:
         """Ends the job from here: this machine's ranks (each in its own process group: a
@@ -558,19 +558,21 @@ def launch(cmd: List[str], open_mpi: bool, ranks: int = 1, aborted: Optional[lis
                         "auto)")
                 ended_here = REQUEUE_EXIT
                 break
-            if aborted_at is None and os.path.getsize(status) and aborted_ranks(status):
-                aborted_at = time.monotonic()
-            elif aborted_at is not None and time.monotonic() - aborted_at > ABORT_GRACE:
+            if os.path.getsize(status) != status_size:  # read again only once it grew
+                status_size = os.path.getsize(status)
+                if aborted_at is None and aborted_ranks(status):
+                    aborted_at = time.monotonic()
+                if end_code is None:
+                    end_code, ended_at = ended_status(status), time.monotonic()
+            if aborted_at is not None and time.monotonic() - aborted_at > ABORT_GRACE:
                 end_job(f"mpilearn-run: a rank aborted and the launcher has not ended the job "
                         f"{ABORT_GRACE:g} s later; killing it")
                 killed = True
                 break
-            if ended_at is None and os.path.getsize(status) and ended_status(status) is not None:
-                ended_at = time.monotonic()
-            elif ended_at is not None and time.monotonic() - ended_at > END_GRACE:
+            if end_code is not None and time.monotonic() - ended_at > END_GRACE:
                 who = cause.crashed(scanner.text(wait=0))
                 end_job(f"mpilearn-run: the job finished (rank 0's status "
-                        f"{ended_status(status)}) and its launcher has not exited "
+                        f"{end_code}) and its launcher has not exited "
                         f"{END_GRACE:g} s later: ranks stuck in their exit (MPI_Finalize)"
                         f"{' after ' + who if who else ''}; everything was written; ending it")
                 stuck_after_end = True

@@ -81,8 +81,9 @@ class Watchdog:
 
     # -- the thread's side ----------------------------------------------------------------
     def limit(self) -> float:
-        """Seconds without a beat that mean stuck. Before the first step is measured, factor x
-        floor: a first step also compiles (torch.compile) and warms the caches up."""
+        """Seconds without a beat that mean stuck. Before the first step is measured, and while
+        ``patient`` (:func:`watching`), factor x floor: a first step also compiles
+        (torch.compile) and warms the caches up."""
         steps = list(self.steps)
         return max(self.floor_s, self.factor * statistics.median(steps)) \
             if steps and not self.patient else self.factor * self.floor_s
