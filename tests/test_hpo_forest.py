@@ -128,11 +128,13 @@ def test_resume_from_the_journal(tmp_path):
 def test_1024_simulated_workers_stay_model_driven(tmp_path):
     """A quick row: 1 024 blocks against the real coordinator, 3 trials each (the first wave
     random). At least 90 % of the later points come from the forest, and the best point
-    found beats the best of the random first wave."""
+    found beats the best of the random first wave. Time is real, so the trials' median (6 s)
+    leaves the forest room on a loaded machine: at 3 s, CI under load saw 12 % fallbacks;
+    at 6 s, three busy loops beside the test on 2 cores gave 7 % (1 fallback when quiet)."""
     out = tmp_path / "sim"
     proc = mpirun(2, ["-m", "mpilearn.hpo.simulate", "--workers", "1024", "--evals-per-worker",
-                      "3", "--median-s", "3", "--searcher", "forest", "--options",
-                      json.dumps({"n_initial": 1024}), "--out", str(out)], timeout=180)
+                      "3", "--median-s", "6", "--searcher", "forest", "--options",
+                      json.dumps({"n_initial": 1024}), "--out", str(out)], timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
     events = read_jsonl(str(out / "journal.jsonl"))
     started = [e for e in events if e["event"] == "started"]
