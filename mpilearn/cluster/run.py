@@ -558,8 +558,9 @@ def launch(cmd: List[str], open_mpi: bool, ranks: int = 1, aborted: Optional[lis
                         "auto)")
                 ended_here = REQUEUE_EXIT
                 break
-            if os.path.getsize(status) != status_size:  # read again only once it grew
-                status_size = os.path.getsize(status)
+            size = os.path.getsize(status)
+            if size != status_size:  # read again only once it grew
+                status_size = size
                 if aborted_at is None and aborted_ranks(status):
                     aborted_at = time.monotonic()
                 if end_code is None:
