@@ -65,6 +65,28 @@ def test_fits_run_off_the_asks():
     assert forest.fitted_n == 3200 and forest.fits == 2
 
 
+def test_refits_take_at_most_their_share_of_a_core():
+    """Results arriving all the time keep refitting, but the thread rests after each fit:
+    back to back it took a whole core from the coordinator's loop."""
+    import time
+
+    forest = make_searcher("forest", SPACE, 0, n_initial=1, fit_share=0.2)
+    forest.ask_many(1)
+    told(forest, 1000)
+    forest.ask_many(1)  # the first model, inline
+    told(forest, 20, seed=1)
+    forest.ask_many(1)  # starts the refits, which go on while results keep coming
+    cpu, wall, fits = time.process_time(), time.monotonic(), forest.fits
+    i = 0
+    while forest.fits - fits < 3 and time.monotonic() - wall < 60:  # results keep coming
+        i += 1
+        told(forest, 20, seed=i + 2)
+        time.sleep(0.02)
+    cpu, wall = time.process_time() - cpu, time.monotonic() - wall
+    assert forest.fits - fits >= 3  # it did refit meanwhile
+    assert cpu < 0.5 * wall, f"{cpu:.2f} CPU-s in {wall:.2f} s"  # back to back: about 1.0
+
+
 @pytest.mark.parametrize("options, says", [
     ({"n_trees": 8}, "search.options.n_trees: not an option of the forest searcher "
                      "(did you mean 'trees'?)"),
@@ -74,6 +96,7 @@ def test_fits_run_off_the_asks():
     ({"local_scale": 2.0}, "local_scale in (0, 1]"),
     ({"n_initial": 0}, "n_initial must be at least 1"),
     ({"failures": "min"}, "failures must be 'worst' or 'ignore', got 'min'"),
+    ({"fit_share": 0}, "fit_share must be in (0, 1], got 0"),
 ])
 def test_bad_options_are_refused_with_one_clear_message(options, says):
     with pytest.raises(UsageError) as err:
