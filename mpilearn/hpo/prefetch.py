@@ -27,6 +27,10 @@ class Prefetcher:
     def __init__(self, searcher: Searcher, ahead: int, known_keys=(), pending=(), enqueued=()):
         self.searcher, self.ahead = searcher, max(1, ahead)
         self.ready: List[Tuple[Dict[str, Any], str]] = [(p, "enqueued") for p in enqueued]
+        # kept beside ready, not rebuilt per round: at 16 384 blocks (4 096 ready) the keys
+        # took 40 ms a round under the lock, a round per hand-out, and random search's
+        # decisions waited for it (p50 33 ms; 98.7 % busy)
+        self.ready_keys = {trial_key(p) for p, _ in self.ready}
         self.pending_tells: List[tuple] = []
         self.known = set(known_keys)                           # keys handed out
         self.busy = {trial_key(p): p for p in pending}         # handed out, no result yet
@@ -53,13 +57,16 @@ class Prefetcher:
                         need = self.ahead - len(self.ready)
                         busy = list(self.busy.values()) + [p for p, _ in self.ready]
                         # live: the main thread's hand-outs join it as the batch is made
-                        exclude = KeyView(self.known, {trial_key(p) for p, _ in self.ready})
+                        exclude = KeyView(self.known, self.ready_keys)
                         self.computing = need > 0 or bool(tells)
                     if tells:
                         self.searcher.tell_many(tells)
                     got = self.searcher.ask_many(need, busy, exclude) if need > 0 else []
+                    keyed = [(trial_key(p), p, o) for p, o in got]
                     with self._lock:
-                        self.ready += [(p, o) for p, o in got if trial_key(p) not in self.known]
+                        fresh = [(k, p, o) for k, p, o in keyed if k not in self.known]
+                        self.ready += [(p, o) for _, p, o in fresh]
+                        self.ready_keys.update(k for k, _, _ in fresh)
                         self.computing = False
                         more = self._requested != self._seen
                     if not more and (need <= 0 or len(got) < need):
@@ -78,7 +85,9 @@ class Prefetcher:
         with self._lock:
             while self.ready:
                 point, origin = self.ready.pop(0)
-                if trial_key(point) not in self.known:
+                key = trial_key(point)
+                self.ready_keys.discard(key)
+                if key not in self.known:
                     return self._hand_out(point, origin)
             computing = self.computing or self._requested != self._seen
         self._wake.set()
