@@ -2,6 +2,7 @@
 its two verbs, its option checks, its resume from the journal, and a quick 1 024-worker row
 in which the model, not the fallback, keeps handing out the points."""
 import json
+import time
 
 import numpy as np
 import pytest
@@ -68,8 +69,6 @@ def test_fits_run_off_the_asks():
 def test_refits_take_at_most_their_share_of_a_core():
     """Results arriving all the time keep refitting, but the thread rests after each fit:
     back to back it took a whole core from the coordinator's loop."""
-    import time
-
     forest = make_searcher("forest", SPACE, 0, n_initial=1, fit_share=0.2)
     forest.ask_many(1)
     told(forest, 1000)
