@@ -3,11 +3,14 @@
     python bench/hpo_virtual.py --searcher forest --workers 1024 --seeds 0 1 2
     python bench/hpo_virtual.py --searcher forest --workers 4096 --seeds 0 --out bench/results/hpo_virtual_forest_4096
     python bench/hpo_virtual.py --searcher deephyper-cbo --workers 1024 --seeds 0 1 2 3 4
+    python bench/hpo_virtual.py --searcher deephyper-dbo --processes 16 --workers 1024 --seeds 0
 
 ``deephyper-cbo`` is DeepHyper's centralised BO (bench/hpo_scale.py's ``DeepHyperCBO``: its own
 ask/tell, a batch by its qUCBd), given the same batches and the same never-late model: the
 peer's search quality beside ours at equal evaluations (``pip install -r
-bench/requirements-peers.txt``).
+bench/requirements-peers.txt``). ``deephyper-dbo`` is the recipe its documentation gives for
+about 1 000 workers (``sweep_deephyper_decentralised``): several centralised searches sharing
+every result, each asking as its own search loop asks.
 
 What ``bench/hpo_scale.py`` measures in real time (utilisation, latency) needs the real
 coordinator; the search's quality at a size does not. Here W workers each run trials of a
@@ -89,6 +92,76 @@ def sweep(searcher, workers, evals, seed, problem="hartmann6", **options):
     return float(min(values) - minimum), time.perf_counter() - start, origins
 
 
+def sweep_deephyper_decentralised(workers, evals, seed, problem="hartmann6", processes=16,
+                                  kappa=2.0, **cbo_options):
+    """(regret, seconds, origins) of DeepHyper's recipe for about 1 000 workers: its example
+    examples/examples_parallelism/plot_scaling_bo.py (0.13.2), "mixed decentralised" BO.
+
+    ``processes`` centralised searches (``CBO``, its defaults: extra trees, UCBd, CBO's own 2d+1
+    initial points) of workers/processes workers each share every result (its
+    SharedMemoryStorage), each with its own random state and a kappa drawn from an exponential
+    of mean ``kappa``, batches by qUCBd with the "ga" acquisition optimiser and duplicates not
+    filtered, all as the example sets them. Virtual time, the model never late: when one of a
+    search's workers finishes, that search is told every result it has not seen (its own and
+    the others') and asks one point, as its search loop does with its default gather of one
+    job. A duplicate is submitted and evaluated, as DeepHyper's evaluator does, and counts as
+    an evaluation. ``cbo_options`` override the example's CBO settings (``acq_optimizer``
+    "sampling": 0.1 s an ask here where "ga" takes 1-1.5 s)."""
+    import tempfile
+
+    import scipy.stats as ss
+    from hpo_scale import DeepHyperCBO
+
+    func, minimum, noise = PROBLEMS[problem]
+    space = Space.from_config(benchmarks.space(problem))
+    kappas = ss.expon.rvs(size=processes, scale=kappa, random_state=seed)
+    # no cap on failed trials (its documented -1): its default 100 ends a 10 240-trial sweep
+    # of gan3d_like (8 % of random points diverge) with ExhaustedFailures
+    settings = dict(acq_optimizer="ga", acq_optimizer_kwargs={"filter_duplicated": False,
+                                                              "max_total_failures": -1})
+    settings.update(cbo_options)
+    searches = [DeepHyperCBO(space, seed * 100_003 + i, 2 * len(space.params) + 1,
+                             tempfile.mkdtemp(prefix="deephyper-"),
+                             acq_func_kwargs={"kappa": float(k)}, **settings)
+                for i, k in enumerate(kappas)]
+    rng = np.random.default_rng([seed, 1])
+    history, told, keys, origins = [], [0] * processes, set(), {}
+
+    def ask(p, n):
+        got = searches[p].ask_many(n)  # no exclude: DeepHyper submits what it asks
+        for point, origin in got:
+            origin = "duplicate" if trial_key(point) in keys else origin
+            origins[origin] = origins.get(origin, 0) + 1
+            keys.add(trial_key(point))
+        return [point for point, _ in got]
+
+    start, running, values, handed = time.perf_counter(), [], [], 0
+    for p in range(processes):  # each search's first batch: one point per worker
+        mine = list(range(p, workers, processes))
+        for w, point in zip(mine, ask(p, len(mine))):
+            heapq.heappush(running, (np.exp(0.5 * rng.normal()), w, point))
+            handed += 1
+    while running:
+        now, w, point = heapq.heappop(running)
+        true = func(point)
+        if true is not None:
+            values.append(true)
+        history.append((point, None if true is None else true + noise * rng.normal()))
+        if handed < workers * evals:
+            p = w % processes
+            searches[p].tell_many(history[told[p]:])
+            told[p] = len(history)
+            # its optimiser keeps every model it fitted (CBO sets no queue size) and uses only
+            # the newest: 16 searches' old forests filled 20 GB here before this
+            del searches[p].search._opt.models[:-1]
+            heapq.heappush(running, (now + np.exp(0.5 * rng.normal()), w, ask(p, 1)[0]))
+            handed += 1
+            if handed % 1000 == 0:
+                print(f"# {handed} evaluations handed out, {time.perf_counter() - start:.0f} s",
+                      file=sys.stderr, flush=True)
+    return float(min(values) - minimum), time.perf_counter() - start, origins
+
+
 def main():
     from common import write
 
@@ -99,6 +172,8 @@ def main():
     ap.add_argument("--evals-per-worker", type=int, default=10)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0])
     ap.add_argument("--problem", default="hartmann6", choices=sorted(PROBLEMS))
+    ap.add_argument("--processes", type=int, default=16,
+                    help="deephyper-dbo: the number of centralised searches sharing results")
     ap.add_argument("--options", default="{}", help="search.options as JSON "
                     "(n_initial defaults to --workers for gp and forest)")
     ap.add_argument("--out", help="write OUT.json and OUT.md (bench/results/hpo_virtual_*)")
@@ -108,12 +183,18 @@ def main():
         options.setdefault("n_initial", a.workers)
     rows = []
     for seed in a.seeds:
-        regret, seconds, origins = sweep(a.searcher, a.workers, a.evals_per_worker, seed,
-                                         a.problem, **options)
+        if a.searcher == "deephyper-dbo":
+            regret, seconds, origins = sweep_deephyper_decentralised(
+                a.workers, a.evals_per_worker, seed, a.problem, a.processes, **options)
+        else:
+            regret, seconds, origins = sweep(a.searcher, a.workers, a.evals_per_worker, seed,
+                                             a.problem, **options)
         rows.append({"seed": seed, "regret": regret, "seconds": seconds, "origins": origins})
         print(json.dumps(rows[-1]), flush=True)
     md = [f"Virtual time: {a.problem}, {a.workers} workers x {a.evals_per_worker} evaluations, "
-          f"searcher {a.searcher}, options {json.dumps(options)}", "",
+          f"searcher {a.searcher}"
+          + (f" ({a.processes} processes)" if a.searcher == "deephyper-dbo" else "")
+          + f", options {json.dumps(options)}", "",
           "| seed | regret | origins | seconds |", "|---|---|---|---|"]
     md += [f"| {r['seed']} | {r['regret']:.4f} | {r['origins']} | {r['seconds']:.0f} |"
            for r in rows]
