@@ -104,6 +104,21 @@ def test_the_epoch_record_names_each_optimizers_rate_where_they_differ():
                                    "lr_discriminator": 0.0005}
 
 
+def test_the_end_line_counts_ranks_only_where_the_estimate_can_bear_it():
+    from mpilearn.train.scaling import advice
+
+    est = {"critical_batch": 40.0, "critical_batch_err": 4.0, "preconditioned": True,
+           "efficiency": 0.385, "global_batch": 64, "steps": 128}
+    assert advice("D", est, 16, 4).endswith("at 16 per rank, ranks beyond 2 cost events, not time")
+    assert advice("D", est, 8, 4).endswith("up to about 5 ranks save time")
+    assert "(preconditioned, data efficiency 38% at global batch 64)" in advice("D", est, 16, 4)
+    # G's 32 ± 930 of a run measured here: no rank count may be read off that
+    noisy = dict(est, critical_batch=32.0, critical_batch_err=930.0)
+    line = advice("G", noisy, 16, 2)
+    assert "32 ± 9.3e+02" in line and "too uncertain" in line and "ranks beyond" not in line
+    assert "beyond measure" in advice("G", dict(est, critical_batch=None), 16, 2)
+
+
 def test_auto_gives_each_optimizer_its_own_rule():
     import keras
     import torch

@@ -181,26 +181,32 @@ class Scaling:
 
     def end_line(self, per_rank: int, ranks: int) -> Optional[str]:
         """What the last estimates say about the rank count, one line (None: none measured)."""
-        parts = []
-        for name, est in self.estimates.items():
-            if est is None:
-                continue
-            crit, err = est["critical_batch"], est["critical_batch_err"]
-            kind = "preconditioned" if est["preconditioned"] else "raw"
-            if crit is None:
-                parts.append(f"{name}: the gradient is below its noise (|G|² ≤ 0 over "
-                             f"{est['steps']} steps): the critical batch is beyond measure")
-                continue
-            useful = useful_ranks(crit, per_rank)
-            pm = f" ± {err:.2g}" if err is not None else ""
-            verdict = (f"ranks beyond {useful} cost events, not time" if ranks > useful else
-                       "a second rank would cost events, not time" if useful == 1 else
-                       f"up to about {useful} ranks save time")
-            eff = est.get("efficiency")
-            eff = f", data efficiency {eff:.0%} at global batch {est['global_batch']}" \
-                if eff is not None else ""
-            parts.append(f"{name}: critical batch ≈ {crit:.3g}{pm} events ({kind}{eff}): at "
-                         f"{per_rank} per rank, {verdict}")
+        parts = [advice(name, est, per_rank, ranks) for name, est in self.estimates.items()
+                 if est is not None]
         if not parts:
             return None
         return "mpilearn: gradient noise scale: " + "; ".join(parts)
+
+
+def advice(name: str, est: dict, per_rank: int, ranks: int) -> str:
+    """One network's part of the end-of-run line: its critical batch and what it means for
+    the rank count at ``per_rank`` events each."""
+    crit, err = est["critical_batch"], est["critical_batch_err"]
+    kind = "preconditioned" if est["preconditioned"] else "raw"
+    if crit is None:
+        return (f"{name}: the gradient is below its noise (|G|² ≤ 0 over {est['steps']} "
+                "steps): the critical batch is beyond measure")
+    pm = f" ± {err:.2g}" if err is not None else ""
+    eff = est.get("efficiency")
+    eff = f", data efficiency {eff:.0%} at global batch {est['global_batch']}" \
+        if eff is not None else ""
+    if err is not None and err >= crit:
+        # a rank count read off an estimate that could as well be zero would mislead
+        verdict = "too uncertain to count ranks by (its error is as large as it): train longer"
+    else:
+        useful = useful_ranks(crit, per_rank)
+        verdict = (f"ranks beyond {useful} cost events, not time" if ranks > useful else
+                   "a second rank would cost events, not time" if useful == 1 else
+                   f"up to about {useful} ranks save time")
+    return (f"{name}: critical batch ≈ {crit:.3g}{pm} events ({kind}{eff}): at {per_rank} "
+            f"per rank, {verdict}")
