@@ -128,11 +128,11 @@ def summarise(curves: dict, specs: dict) -> dict:
     # a run that never reaches the band takes forever: its median decides without a clock,
     # so that verdict holds even where the seconds were measured on a shared machine
     np2_ttq = [rows[n]["time_to_band"] for n in rows if group(n) == "np2-auto"]
-    np2_ttq = [math.inf if t is None else t for t in np2_ttq]
     ttq, never = None, False
     if np2_ttq and np1_ttq:
-        ttq = statistics.median(np2_ttq) / statistics.median(np1_ttq)
-        never, ttq = math.isinf(ttq), (None if math.isinf(ttq) else ttq)
+        median2 = statistics.median(math.inf if t is None else t for t in np2_ttq)
+        never = math.isinf(median2)
+        ttq = None if never else median2 / statistics.median(np1_ttq)
     return {"np1": {"finals": np1, "median": median1, "top": top1, "bottom": min(np1)},
             "rows": rows, "groups": {g: {"finals": f, "median": statistics.median(f)}
                                      for g, f in groups.items()},
@@ -175,15 +175,15 @@ def markdown(s: dict, missing: list, collapsed: dict, cpu: dict, p: dict,
         lines.append(f"| {g} | {v['seeds']} | {v['median_final_fpd']:.3g} | "
                      f"{'met' if v['median_within_band'] else 'missed'} | "
                      f"{'met' if v['no_seed_above_1.5x_median'] else 'missed'} |")
-    t = s["time_to_band_np2_over_np1"]
+    ratio = s["time_to_band_np2_over_np1"]
     if s.get("np2_median_never_reached_band"):
-        t, verdict = "never", "missed: the median np=2 run never reached it"
-    elif t is not None and concurrent == 1:
-        t, verdict = f(t), ("met" if t <= 0.6 else "missed")
+        shown, verdict = "never", "missed: the median np=2 run never reached it"
+    elif ratio is not None and concurrent == 1:
+        shown, verdict = f(ratio), ("met" if ratio <= 0.6 else "missed")
     else:
-        t, verdict = f(None), "not measured"
-    lines += ["", f"Time to the band's top FPD, np=2 over np=1 (medians): {t} (target <= 0.6: "
-              f"{verdict})"]
+        shown, verdict = f(None), "not measured"
+    lines += ["", f"Time to the band's top FPD, np=2 over np=1 (medians): {shown} (target <= "
+              f"0.6: {verdict})"]
     if cpu_partial:
         lines += ["", "≥: a launch of the run was killed before it ended (a resumed run); its "
                   "CPU-seconds were not counted."]
