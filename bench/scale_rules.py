@@ -40,6 +40,7 @@ sys.path.insert(0, HERE)
 
 import convergence as conv  # noqa: E402
 from common import RESULTS, write  # noqa: E402
+from mpilearn.allreduce.noise import useful_ranks  # noqa: E402
 
 LR = "hparams.lr=0.00236"  # the sweep's choice for the smooth preset (bench/RESULTS.md)
 BASE = 16                   # events per rank at np=1, and the base batch of every rule
@@ -110,8 +111,8 @@ def summarise(curves: dict, specs: dict) -> dict:
                       "final_auc_high": conv.final(c, "auc_high"),
                       "seconds": c[-1]["seconds"], "time_to_band": time_to_fpd(c, top1),
                       "noise": noise,
-                      "useful_ranks": {k: (max(1, round(v[0] / per_rank)) if v[0] else None)
-                                       for k, v in noise.items()}}
+                      "useful_ranks": {k: useful_ranks(crit, per_rank, err)
+                                       for k, (crit, err) in noise.items()}}
     groups = {}
     for name, r in rows.items():
         groups.setdefault(group(name), []).append(r["final_fpd"])
@@ -156,10 +157,14 @@ def markdown(s: dict, missing: list, collapsed: dict, cpu: dict, p: dict,
              "| run | final FPD | best FPD | final AUC (high-level) | time to the band's top (s) | "
              "CPU-minutes | critical batch D | critical batch G | useful ranks D / G |",
              "|---|---|---|---|---|---|---|---|---|"]
+    uncertain = False
     for name, r in s["rows"].items():
         crit = {k: (f"{v[0]:.3g} ± {f(v[1], '.2g')}" if v[0] else "beyond measure")
                 for k, v in r["noise"].items()}
-        useful = r["useful_ranks"]
+        # a measured critical batch without a count: its error is as large as it
+        useful = {k: ("?" if v is None and r["noise"][k][0] else f(v, "d", "-"))
+                  for k, v in r["useful_ranks"].items()}
+        uncertain = uncertain or "?" in useful.values()
         lines.append(f"| {name} | {f(r['final_fpd'])} | {f(r['best_fpd'])} | "
                      f"{f(r['final_auc_high'])} | {conv.reached(r['time_to_band'])} | "
                      f"{'≥ ' if name in cpu_partial else ''}"
@@ -167,6 +172,9 @@ def markdown(s: dict, missing: list, collapsed: dict, cpu: dict, p: dict,
                      f"{crit.get('discriminator', '-')} | {crit.get('generator', '-')} | "
                      f"{useful.get('discriminator', '-')} / {useful.get('generator', '-')} |")
     lines += [f"| {name} | {message} | | | | | | | |" for name, message in collapsed.items()]
+    if uncertain:
+        lines += ["", "?: the critical batch's error is as large as it, so no rank count is "
+                  "read off it (the run's end line says so too)."]
     lines += ["", "The targets are the default rule's (np4-auto, np2-auto); the other rows are "
               "measured with the same yardstick.",
               "", "| rule, ranks | seeds | median final FPD | median within the np=1 band | "

@@ -302,8 +302,11 @@ def efficiency(global_batch: float, critical: Optional[float]) -> Optional[float
     return 1.0 / (1.0 + global_batch / critical)
 
 
-def useful_ranks(critical: Optional[float], per_rank: int) -> Optional[int]:
-    """Ranks of ``per_rank`` events up to the critical batch (at least 1)."""
-    if critical is None:
+def useful_ranks(critical: Optional[float], per_rank: int,
+                 err: Optional[float] = None) -> Optional[int]:
+    """Ranks of ``per_rank`` events up to the critical batch (at least 1); None where there is
+    no estimate, or its error ``err`` is as large as it (a count read off an estimate that
+    could as well be zero would mislead)."""
+    if critical is None or (err is not None and err >= critical):
         return None
     return max(1, int(round(critical / per_rank)))

@@ -200,11 +200,10 @@ def advice(name: str, est: dict, per_rank: int, ranks: int) -> str:
     eff = est.get("efficiency")
     eff = f", data efficiency {eff:.0%} at global batch {est['global_batch']}" \
         if eff is not None else ""
-    if err is not None and err >= crit:
-        # a rank count read off an estimate that could as well be zero would mislead
+    useful = useful_ranks(crit, per_rank, err)
+    if useful is None:
         verdict = "too uncertain to count ranks by (its error is as large as it): train longer"
     else:
-        useful = useful_ranks(crit, per_rank)
         verdict = (f"ranks beyond {useful} cost events, not time" if ranks > useful else
                    "a second rank would cost events, not time" if useful == 1 else
                    f"up to about {useful} ranks save time")
