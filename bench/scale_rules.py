@@ -138,7 +138,8 @@ def summarise(curves: dict, specs: dict) -> dict:
             "rows": rows, "groups": {g: {"finals": f, "median": statistics.median(f)}
                                      for g, f in groups.items()},
             "verdicts": verdicts, "time_to_band_np2_over_np1": ttq,
-            "np2_median_never_reached_band": never}
+            "np2_median_never_reached_band": never,
+            "np2_runs_never_reached_band": sum(t is None for t in np2_ttq), "np2_runs": len(np2_ttq)}
 
 
 def markdown(s: dict, missing: list, collapsed: dict, cpu: dict, p: dict,
@@ -185,7 +186,9 @@ def markdown(s: dict, missing: list, collapsed: dict, cpu: dict, p: dict,
                      f"{'met' if v['no_seed_above_1.5x_median'] else 'missed'} |")
     ratio = s["time_to_band_np2_over_np1"]
     if s.get("np2_median_never_reached_band"):
-        shown, verdict = "never", "missed: the median np=2 run never reached it"
+        shown, verdict = "never", (f"missed: {s['np2_runs_never_reached_band']} of "
+                                   f"{s['np2_runs']} np=2 runs never reached it, so their "
+                                   "median does not")
     elif ratio is not None and concurrent == 1:
         shown, verdict = f(ratio), ("met" if ratio <= 0.6 else "missed")
     else:
