@@ -93,21 +93,23 @@ for stage in "$@"; do
         timeout ${CHALLENGE_S:-120} python3 -m mpilearn.validate --generated "/tmp/$s/*.h5" --mc "/tmp/mcA/*.h5" --events 2000 --full \
           --no-plots --output "$OUT/challenge_$s" --json "$OUT/challenge_$s.json" >"$OUT/challenge_$s.log" 2>&1; echo "$s rc=$?"; tail -4 "$OUT/challenge_$s.log"
       done ;;
-    noise_cost)  # issue 54: the noise scale's cost per 3DGAN step on the GPU (target <= 1 %): full preset at np=1, smooth at np=2
-      timeout 100 python3 bench/noise_scale_cost.py --device cuda --preset full --batch 32 --steps 6 --rounds 5 \
-        "$OUT/noise_cost_full_np1" >"$OUT/noise_cost.log" 2>&1
-      timeout 60 mpirun -np 2 --oversubscribe python3 bench/noise_scale_cost.py --device cuda --preset smooth --batch 16 \
-        --steps 8 --rounds 8 "$OUT/noise_cost_smooth_np2" >>"$OUT/noise_cost.log" 2>&1
-      grep -E "^\| [0-9]|preset" "$OUT/noise_cost.log" "$OUT"/noise_cost_*.md ;;
+    noise_cost)  # issue 54: the noise scale's cost per 3DGAN step on the GPU (target <= 1 %): smooth and full presets, np=2 and np=1
+      timeout 80 mpirun -np 2 --oversubscribe python3 bench/noise_scale_cost.py --device cuda --preset smooth --batch 16 \
+        --steps 8 --rounds 16 "$OUT/noise_cost_smooth_np2" >"$OUT/noise_cost.log" 2>&1
+      timeout 110 mpirun -np 2 --oversubscribe python3 bench/noise_scale_cost.py --device cuda --preset full --batch 16 \
+        --steps 6 --rounds 6 "$OUT/noise_cost_full_np2" >>"$OUT/noise_cost.log" 2>&1
+      timeout 80 python3 bench/noise_scale_cost.py --device cuda --preset full --batch 32 --steps 8 --rounds 6 \
+        "$OUT/noise_cost_full_np1" >>"$OUT/noise_cost.log" 2>&1
+      grep -E "^\| [0-9]|preset|Error" "$OUT/noise_cost.log" "$OUT"/noise_cost_*.md ;;
     scale_rules)  # issue 54: the smooth preset's rule comparison (bench/scale_rules.py) on the GPU, runs side by side
       # (SR_JOBS at once; its seconds column is then no timing); run dirs resume when carried back
       SR=${SR_OUT:-/tmp/scale_rules_gpu}
-      python3 bench/scale_rules.py --device cuda --prior none --only none --out "$SR" >/dev/null 2>&1  # the data, once
+      python3 bench/scale_rules.py --device cuda --prior "${SR_PRIOR:-none}" --only none --out "$SR" >/dev/null 2>&1  # the data, once
       runs=${SR_RUNS:-$(python3 -c "import sys; sys.path.insert(0, 'bench'); import scale_rules; print(' '.join(s[0] for s in scale_rules.plan()))")}
       end=$(( $(date +%s) + ${SR_S:-380} ))  # one deadline for all: a run still going then is cut (timeout kills its group)
       printf '%s\n' $runs | xargs -P ${SR_JOBS:-10} -I{} sh -c "left=\$(( $end - \$(date +%s) )); [ \$left -gt 20 ] || exit 0;
-        timeout \$left python3 bench/scale_rules.py --device cuda --prior none --threads 1 --only {} --out '$SR' >'$SR/{}.log' 2>&1; echo '{}' exit \$? at \$(date +%T)"
-      python3 bench/scale_rules.py --device cuda --prior none --only none --out "$SR" --concurrent ${SR_JOBS:-10} \
+        timeout \$left python3 bench/scale_rules.py --device cuda --prior '${SR_PRIOR:-none}' --threads 1 --only {} --out '$SR' >'$SR/{}.log' 2>&1; echo '{}' exit \$? at \$(date +%T)"
+      python3 bench/scale_rules.py --device cuda --prior "${SR_PRIOR:-none}" --only none --out "$SR" --concurrent ${SR_JOBS:-10} \
         --where "one $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)" >/dev/null 2>&1
       tail -30 "$SR.md"; cp "$SR".json "$SR".md "$SR"_*.png "$OUT"/ 2>/dev/null
       tar czf "$OUT/scale_rules_runs.tgz" -C "$(dirname "$SR")" --exclude=data --exclude=models --exclude=validation --exclude=checkpoints "$(basename "$SR")" ;;

@@ -41,8 +41,10 @@ MIN_WINDOW = 50  # measured steps an estimate spans at least (an epoch's, where 
 def _row(size, summed, summed_p, big, big_p, fraction, device=None) -> torch.Tensor:
     """One measured step: contributions (ranks, or 2 halves), their summed squared norms (raw,
     preconditioned), the reduced gradient's two, and the events of one contribution per local
-    batch; float64 on ``device`` (scalars or 0-d tensors: no host read)."""
-    return torch.stack([torch.as_tensor(v, dtype=torch.float64).to(device)
+    batch; float64 on ``device`` (scalars or 0-d tensors: no host read). A host number becomes a
+    fill on the device, not a copy: a copy from pageable host memory waits for the GPU's queue."""
+    return torch.stack([v.to(torch.float64) if torch.is_tensor(v) else
+                        torch.full((), float(v), dtype=torch.float64, device=device)
                         for v in (size, summed, summed_p, big, big_p, fraction)])
 
 
@@ -68,11 +70,15 @@ def preconditioner(optimizer, param, group: Optional[dict] = None) -> Optional[t
         group = next(g for g in optimizer.param_groups if any(p is param for p in g["params"]))
     v = state[key]
     if key == "exp_avg_sq":  # Adam's bias correction
-        step = state.get("step", 0)
-        step = float(step.item() if torch.is_tensor(step) else step)
-        if step > 0:
-            v = v / (1.0 - group["betas"][1] ** step)
+        v = v / _bias_correction(state, group)
     return 1.0 / (v.sqrt() + group.get("eps", 1e-8))
+
+
+def _bias_correction(state: dict, group: dict) -> float:
+    """Adam's 1 - beta2^step for a parameter's state (1 before its first step)."""
+    step = state.get("step", 0)
+    step = float(step.item() if torch.is_tensor(step) else step)
+    return 1.0 - group["betas"][1] ** step if step > 0 else 1.0
 
 
 class NoiseScale:
@@ -96,16 +102,30 @@ class NoiseScale:
         self._local, self._pre, self._half = [], {}, None
 
     def _weights(self, bucket) -> Optional[torch.Tensor]:
-        """The preconditioner laid out like ``bucket``'s buffer, or None."""
+        """The preconditioner laid out like ``bucket``'s buffer, or None. Built with a few
+        multi-tensor kernels for the whole bucket, not a few per parameter: on a GPU each
+        launch costs more than its arithmetic."""
         if self.optimizer is None:
             return None
-        parts = []
-        for p, view in zip(bucket.params, bucket.grad_views):
-            w = preconditioner(self.optimizer, p, self._groups.get(id(p)))
-            if w is None:
+        moments, scales, eps = [], [], []
+        for p in bucket.params:
+            state = self.optimizer.state.get(p)
+            key = next((k for k in _SECOND_MOMENTS if k in state), None) if state else None
+            if key is None:
                 return None
-            parts.append(w.reshape(-1).to(view.dtype))
-        return torch.cat(parts) if parts else None
+            group = self._groups.get(id(p)) or next(
+                g for g in self.optimizer.param_groups if any(q is p for q in g["params"]))
+            moments.append(state[key])
+            scales.append(_bias_correction(state, group) if key == "exp_avg_sq" else 1.0)
+            eps.append(group.get("eps", 1e-8))
+        if not moments:
+            return None
+        roots = torch._foreach_sqrt(moments)
+        if any(c != 1.0 for c in scales):
+            torch._foreach_div_(roots, [math.sqrt(c) for c in scales])
+        torch._foreach_add_(roots, eps)
+        torch._foreach_reciprocal_(roots)
+        return torch.cat([r.reshape(-1) for r in roots]).to(bucket.buffer.dtype)
 
     def local(self, bucket) -> None:
         """Before ``bucket``'s allreduce: its local squared norms (raw, preconditioned)."""
