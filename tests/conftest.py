@@ -209,11 +209,17 @@ CLUSTER_FIXTURES = ("slurm", "nodes", "pods")
 # the longest single tests (tests/DURATIONS.md): started first, so that no xdist worker
 # ends the run alone with one of them while the other cores idle
 LONGEST_FIRST = ("test_the_readme_runnable_blocks_run_as_written",
-                 "test_kill9_of_a_sweep_at_scale_then_resume",
-                 "test_keras_3dgan_tapes_equal_the_fused_path_in_float64",
+                 "test_compiled_and_channels_last_gan_equal_eager_at_one_and_two_ranks",
                  "test_easgd_with_one_worker_resumes_at_the_epoch_boundary_exactly",
-                 "test_keras_runs_generate_alike_and_are_not_exported",
+                 "test_keras_3dgan_tapes_equal_the_fused_path_in_float64",
+                 "test_the_3dgan_survives_a_kill9_equal_to_its_replay_to_float_rounding",
+                 "test_a_keras_task_survives_a_kill9_equal_to_its_replay",
+                 "test_a_fresh_venv_with_the_wheel_runs_the_demo_job_and_finds_the_templates",
+                 "test_three_workers_reach_the_allreduce_validation_loss",
+                 "test_score_mc_vs_mc_near_zero_untrained_far_worse",
                  "test_downpour_with_one_worker_equals_single_process_training",
+                 "test_kill9_of_a_sweep_at_scale_then_resume",
+                 "test_keras_runs_generate_alike_and_are_not_exported",
                  "test_gp_and_evolution_beat_random")
 
 

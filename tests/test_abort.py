@@ -4,12 +4,21 @@ import pytest
 from conftest import REPO, TESTS, mpirun, train_args
 
 
+def assert_ended_by_itself(proc):
+    """Ended by the crash's own path, not by the watchdog (60 s after a rank's last step) or
+    the test's timeout. The bound was 60 s alone; CI's loaded machines, twice as slow on some
+    days, took 38-41 s for these four-rank jobs on a quiet day's 20, so the watchdog's line is
+    the proof and the bound only a backstop."""
+    assert "mpilearn: watchdog:" not in proc.stderr, proc.stderr[-2000:]
+    assert proc.seconds < 100, f"took {proc.seconds:.0f}s to end"
+
+
 def test_exception_on_rank1_aborts_4_rank_job(toy_file, tmp_path):
     proc = mpirun(4, train_args("--set", f"model={TESTS}/models/crash.py",
                                 "--set", f"data.files=[{toy_file}]", "--set", "train.batch_size=8",
                                 "--output", str(tmp_path / "run")), timeout=120)
     assert proc.returncode != 0
-    assert proc.seconds < 60, f"took {proc.seconds:.0f}s to end"
+    assert_ended_by_itself(proc)
     assert "rank 1: " in proc.stderr
     assert "deliberate failure at step 3" in proc.stderr
     # the traceback lines are prefixed with the failing rank, not another one
@@ -29,7 +38,7 @@ def test_sys_exit_on_rank1_ends_4_rank_job(toy_file, tmp_path):
                                 "--set", f"data.files=[{toy_file}]", "--set", "train.batch_size=8",
                                 "--output", str(tmp_path / "run")), timeout=120)
     assert proc.returncode == 3, proc.stderr[-2000:]
-    assert proc.seconds < 60, f"took {proc.seconds:.0f}s to end"
+    assert_ended_by_itself(proc)
     assert proc.stderr.count("exited with sys.exit(3) while other ranks were still running") == 1
     assert "rank 1: exited with sys.exit(3)" in proc.stderr
 

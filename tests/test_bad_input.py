@@ -21,7 +21,10 @@ def assert_bad_input(proc, message, out=None):
     assert message in proc.stderr, proc.stderr[-2000:]
     assert proc.stderr.count("mpilearn: error:") == 1, proc.stderr
     assert "Traceback" not in proc.stderr
-    assert proc.seconds < 60
+    # before expensive work: nothing trained (below) and no rank left for the watchdog; the
+    # bound is a backstop for machines that start ranks twice as slowly as a quiet one
+    assert "mpilearn: watchdog:" not in proc.stderr
+    assert proc.seconds < 100
     if out is not None:
         assert not (out / "metrics.jsonl").exists()  # nothing was trained
 

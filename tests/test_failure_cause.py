@@ -92,5 +92,5 @@ def test_a_job_stuck_after_its_end_is_ended_with_the_run_status_and_the_crash_na
                            "launcher has not exited 3 s later: ranks stuck in their exit (MPI_Finalize) "
                            "after pid "), line  # the rank's own report: the launcher has none yet
     assert "killed by SIGSEGV; everything was written; ending it" in line, line
-    assert time.monotonic() - start < 60
+    assert time.monotonic() - start < 100  # the line above proves the end; a backstop for slow days
     wait_until_gone("stuck_after_end.py", timeout=10)
