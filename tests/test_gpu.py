@@ -74,6 +74,20 @@ def test_mpi_reports_cuda_awareness():
     print(proc.stdout)  # shown with -s: the report for RESULTS.md
 
 
+def test_mpi_staging_keeps_float64_on_cuda():
+    """Host staging (an MPI without CUDA support) sums a float64 CUDA tensor in float64: 1e-12
+    apart from 1 is lost in float32 (the noise scale's sums and float64 runs travel this way)."""
+    code = ("import torch; from mpi4py import MPI; from mpilearn.allreduce.mpi import MPIBackend; "
+            "b = MPIBackend(MPI.COMM_WORLD); x = torch.full((3,), 1 + 1e-12, dtype=torch.float64, "
+            "device='cuda'); b.wait(b.allreduce_async(x)); "
+            "print('sum', repr((x - 2).max().item()), x.dtype, x.device)")
+    proc = mpirun(2, ["-c", code], env=SHARED)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for line in (l for l in proc.stdout.splitlines() if l.startswith("sum ")):
+        _, err, dtype, device = line.split()
+        assert abs(float(err) - 2e-12) < 1e-15 and dtype == "torch.float64" and device.startswith("cuda"), line
+
+
 @pytest.mark.parametrize("n", [2, 3])
 def test_horovod_collectives_on_cuda_tensors(n):
     proc = mpirun(n, [f"{TESTS}/scripts/hvd_collectives.py"], env={"MPILEARN_TEST_DEVICE": "cuda"},

@@ -48,8 +48,8 @@ class MPIBackend:
         if buf.is_cuda:
             if self._cuda_aware is None:
                 self._cuda_aware = cuda_aware()
-            if not self._cuda_aware:
-                work = buf.to("cpu", torch.float32)
+            if not self._cuda_aware:  # staged in the dtype MPI sums: float64 stays float64
+                work = buf.to("cpu", buf.dtype if buf.dtype in _NATIVE else torch.float32)
                 torch.cuda.current_stream().synchronize()
             else:
                 torch.cuda.current_stream().synchronize()
